@@ -1,0 +1,36 @@
+# dwarf: PGXS build.  `make && make install`, then the tests:
+#   make installcheck        pg_regress against a temporary instance that preloads dwarf
+#   make prove_installcheck  TAP tests (crash, restart) in t/
+MODULE_big = dwarf
+OBJS = \
+	src/dwarf.o \
+	src/shmem.o \
+	src/launcher.o \
+	src/worker.o \
+	src/graph.o \
+	src/flowrun.o \
+	src/merge.o \
+	src/api.o \
+	src/control.o
+
+EXTENSION = dwarf
+DATA = sql/dwarf--0.1.sql
+PGFILEDESC = "dwarf - durable workflows inside PostgreSQL"
+
+REGRESS = $(patsubst sql/%.sql,%,$(filter-out sql/dwarf--%.sql,$(sort $(wildcard sql/*.sql))))
+REGRESS_OPTS = --temp-config=$(srcdir)/test/dwarf.conf --temp-instance=$(CURDIR)/tmp_regress --load-extension=dwarf
+TAP_TESTS = 1
+
+PG_CFLAGS = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
+EXTRA_CLEAN = tmp_regress bench/dwarf-bench
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# The load driver is a plain libpq client.
+all: bench/dwarf-bench
+
+bench/dwarf-bench: bench/dwarf-bench.c
+	$(CC) -O2 -Wall -Wextra -Werror -I$(shell $(PG_CONFIG) --includedir) -o $@ $< \
+		-L$(shell $(PG_CONFIG) --libdir) -lpq -lm -lpthread

@@ -1,0 +1,257 @@
+/* dwarf 0.1: durable graph workflows run by the server's own background workers. */
+\echo Use "CREATE EXTENSION dwarf" to load this file. \quit
+
+/*
+ * Tables.  They are the truth: the workers keep each running flow in memory
+ * only to go faster, and rebuild it from these rows after any restart.
+ */
+
+CREATE TABLE dwarf.graph (
+	id			serial PRIMARY KEY,
+	name		text NOT NULL,
+	version		int NOT NULL,
+	definition	jsonb NOT NULL,
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	created_by	regrole NOT NULL DEFAULT current_user::regrole,
+	UNIQUE (name, version)
+);
+COMMENT ON TABLE dwarf.graph IS
+	'Workflow definitions; one row per version, written by dwarf.define()';
+
+CREATE SEQUENCE dwarf.flow_seq;
+COMMENT ON SEQUENCE dwarf.flow_seq IS
+	'Low 48 bits of flow ids; the high bits carry dwarf.shard_id';
+
+CREATE TABLE dwarf.flow (
+	id			bigint PRIMARY KEY,
+	graph_id	int NOT NULL,
+	status		text NOT NULL DEFAULT 'running'
+				CHECK (status IN ('running', 'interrupted', 'completed', 'failed', 'cancelled')),
+	owner		regrole NOT NULL,
+	priority	int NOT NULL DEFAULT 0,
+	idempotency_key text,
+	input		jsonb NOT NULL,
+	state		jsonb,
+	error		text,
+	interrupt_payload jsonb,
+	cancel_reason text,
+	created_at	timestamptz NOT NULL DEFAULT now(),
+	finished_at timestamptz
+) WITH (fillfactor = 90);
+CREATE UNIQUE INDEX flow_idempotency_key ON dwarf.flow (owner, idempotency_key)
+	WHERE idempotency_key IS NOT NULL;
+COMMENT ON TABLE dwarf.flow IS
+	'One row per flow. Written when the flow is created and when it closes; '
+	'a running flow''s progress lives in dwarf.step';
+COMMENT ON COLUMN dwarf.flow.state IS
+	'Final state once the flow has closed; NULL while it runs (see dwarf.snapshot)';
+
+CREATE SEQUENCE dwarf.step_seq CACHE 64;
+
+/*
+ * One row per step attempt, appended when the step's transaction commits.
+ * This is the only row written per step: the flow's cursor is the set of its
+ * steps, so replaying them over the flow's input rebuilds where it stands.
+ */
+CREATE TABLE dwarf.step (
+	flow_id		bigint NOT NULL,
+	step_id		bigint NOT NULL,
+	token		int NOT NULL,
+	task		text NOT NULL,
+	status		text NOT NULL CHECK (status IN ('completed', 'failed')),
+	attempt		int NOT NULL,
+	started_at	timestamptz NOT NULL,
+	finished_at timestamptz NOT NULL,
+	changes		jsonb,
+	goto_task	text,
+	error		jsonb,
+	PRIMARY KEY (flow_id, step_id)
+);
+COMMENT ON TABLE dwarf.step IS
+	'Durable step log: one row per task execution, in execution order per flow';
+COMMENT ON COLUMN dwarf.step.token IS
+	'Flow-local number of the branch (token) that ran the step';
+COMMENT ON COLUMN dwarf.step.error IS
+	'The task''s error as {message, sqlstate, detail, hint, task}; NULL on success';
+
+/*
+ * Privileges: anyone may read graphs; a role sees only the flows (and steps)
+ * of roles whose privileges it has.  All writes go through the functions
+ * below, which check ownership themselves.
+ */
+REVOKE ALL ON dwarf.graph, dwarf.flow, dwarf.step FROM PUBLIC;
+GRANT SELECT ON dwarf.graph, dwarf.flow, dwarf.step TO PUBLIC;
+ALTER TABLE dwarf.flow ENABLE ROW LEVEL SECURITY;
+ALTER TABLE dwarf.step ENABLE ROW LEVEL SECURITY;
+CREATE POLICY flow_owner ON dwarf.flow FOR SELECT
+	USING (pg_has_role(owner, 'USAGE'));
+CREATE POLICY step_owner ON dwarf.step FOR SELECT
+	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id));
+
+CREATE TYPE dwarf.outcome AS (
+	flow_id		bigint,
+	status		text,
+	state		jsonb,
+	error		text,
+	interrupt_payload jsonb,
+	cancel_reason text
+);
+COMMENT ON TYPE dwarf.outcome IS 'What dwarf.await and dwarf.run return';
+
+/*
+ * Functions.
+ */
+
+CREATE FUNCTION dwarf.validate(definition jsonb) RETURNS jsonb
+	LANGUAGE c STRICT STABLE
+	AS 'MODULE_PATHNAME', 'dwarf_validate';
+COMMENT ON FUNCTION dwarf.validate(jsonb) IS
+	'Checks a graph definition and returns it with its entry filled in; raises an error naming the bad node or edge';
+
+CREATE FUNCTION dwarf.define(name text, definition jsonb) RETURNS int
+	LANGUAGE c STRICT
+	AS 'MODULE_PATHNAME', 'dwarf_define';
+COMMENT ON FUNCTION dwarf.define(text, jsonb) IS
+	'Stores a new version of a graph and returns it; running flows keep the version they started with. '
+	'A graph name belongs to the role that defined it first';
+
+CREATE FUNCTION dwarf.create(graph text, input jsonb DEFAULT '{}',
+							 priority int DEFAULT 0,
+							 idempotency_key text DEFAULT NULL)
+	RETURNS bigint
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_create';
+COMMENT ON FUNCTION dwarf.create(text, jsonb, int, text) IS
+	'Creates a flow of the latest version of a graph; it starts when the calling transaction commits';
+
+CREATE FUNCTION dwarf.await(flow_id bigint, timeout interval DEFAULT '30 s')
+	RETURNS dwarf.outcome
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_await';
+COMMENT ON FUNCTION dwarf.await(bigint, interval) IS
+	'Waits until the flow closes or is interrupted, or the timeout passes, and returns its outcome';
+
+CREATE FUNCTION dwarf.run(graph text, input jsonb DEFAULT '{}',
+						  timeout interval DEFAULT '30 s',
+						  priority int DEFAULT 0,
+						  idempotency_key text DEFAULT NULL)
+	RETURNS dwarf.outcome
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_run';
+COMMENT ON FUNCTION dwarf.run(text, jsonb, interval, int, text) IS
+	'Creates a flow (committed by the engine, independently of the caller) and awaits it';
+
+CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL)
+	RETURNS void
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_cancel';
+COMMENT ON FUNCTION dwarf.cancel(bigint, text) IS
+	'Cancels a running or interrupted flow; it starts no further step';
+
+CREATE FUNCTION dwarf.goto(task text) RETURNS void
+	LANGUAGE c STRICT
+	AS 'MODULE_PATHNAME', 'dwarf_goto';
+COMMENT ON FUNCTION dwarf.goto(text) IS
+	'Inside a task: take the goto edge to the named task when this task returns';
+
+CREATE FUNCTION dwarf.step_key() RETURNS text
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_step_key';
+COMMENT ON FUNCTION dwarf.step_key() IS
+	'Inside a task: a key for this step, stable across attempts and crashes, for idempotent external calls';
+
+CREATE FUNCTION dwarf.flow_id() RETURNS bigint
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_flow_id';
+COMMENT ON FUNCTION dwarf.flow_id() IS 'Inside a task: the id of the flow it runs for';
+
+CREATE FUNCTION dwarf.fold_changes(input jsonb, changes jsonb[], reducers jsonb)
+	RETURNS jsonb
+	LANGUAGE c IMMUTABLE
+	AS 'MODULE_PATHNAME', 'dwarf_fold_changes';
+COMMENT ON FUNCTION dwarf.fold_changes(jsonb, jsonb[], jsonb) IS
+	'Merges step changes into a state in order, with the given per-field reducers';
+
+CREATE FUNCTION dwarf.snapshot(flow_id bigint)
+	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
+				   state jsonb, error text, interrupt_payload jsonb,
+				   cancel_reason text, steps bigint,
+				   created_at timestamptz, finished_at timestamptz)
+	LANGUAGE sql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT f.id, g.name, g.version, f.status,
+		   coalesce(f.state,
+					dwarf.fold_changes(f.input,
+						(SELECT array_agg(s.changes ORDER BY s.step_id)
+						   FROM dwarf.step s
+						  WHERE s.flow_id = f.id AND s.status = 'completed'),
+						g.definition -> 'reducers')),
+		   f.error, f.interrupt_payload, f.cancel_reason,
+		   (SELECT count(*) FROM dwarf.step s WHERE s.flow_id = f.id),
+		   f.created_at, f.finished_at
+	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	 WHERE f.id = snapshot.flow_id
+$$;
+COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
+	'A flow''s status and state now (while it runs: its input with every committed step''s changes folded in)';
+
+CREATE FUNCTION dwarf.history(flow_id bigint)
+	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
+				   started_at timestamptz, finished_at timestamptz,
+				   error text, changes jsonb)
+	LANGUAGE sql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT s.step_id, s.task, s.status, s.attempt, s.started_at,
+		   s.finished_at, s.error ->> 'message', s.changes
+	  FROM dwarf.step s
+	 WHERE s.flow_id = history.flow_id
+	 ORDER BY s.step_id
+$$;
+COMMENT ON FUNCTION dwarf.history(bigint) IS 'One row per step of a flow, in execution order';
+
+CREATE FUNCTION dwarf.step(flow_id bigint, task text)
+	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
+				   started_at timestamptz, finished_at timestamptz,
+				   error text, changes jsonb)
+	LANGUAGE sql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT h.* FROM dwarf.history(step.flow_id) h WHERE h.task = step.task
+$$;
+COMMENT ON FUNCTION dwarf.step(bigint, text) IS 'The steps that ran one task of a flow, in order';
+
+CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days')
+	RETURNS bigint
+	LANGUAGE c STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_purge';
+COMMENT ON FUNCTION dwarf.purge(interval) IS
+	'Deletes the caller''s closed flows (and their steps) that finished longer ago than older_than; returns how many';
+
+CREATE FUNCTION dwarf.worker_stats()
+	RETURNS TABLE (database oid, worker int, pid int, flows_loaded bigint,
+				   ready bigint, steps bigint, steps_failed bigint,
+				   flows_closed bigint, batches bigint, aborted_batches bigint)
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_worker_stats';
+COMMENT ON FUNCTION dwarf.worker_stats() IS 'Counters of the dwarf workers of this database';
+
+CREATE VIEW dwarf.stats WITH (security_invoker = true) AS
+	SELECT (SELECT count(*) FILTER (WHERE status = 'running') FROM dwarf.flow) AS running,
+		   (SELECT count(*) FILTER (WHERE status = 'interrupted') FROM dwarf.flow) AS interrupted,
+		   (SELECT count(*) FILTER (WHERE status = 'completed') FROM dwarf.flow) AS completed,
+		   (SELECT count(*) FILTER (WHERE status = 'failed') FROM dwarf.flow) AS failed,
+		   (SELECT count(*) FILTER (WHERE status = 'cancelled') FROM dwarf.flow) AS cancelled,
+		   (SELECT count(*) FROM dwarf.step) AS steps_done,
+		   (SELECT coalesce(sum(w.ready), 0) FROM dwarf.worker_stats() w) AS in_flight,
+		   (SELECT coalesce(jsonb_agg(to_jsonb(w)), '[]') FROM dwarf.worker_stats() w) AS workers;
+COMMENT ON VIEW dwarf.stats IS
+	'Flows by status (those the caller may see), steps done, steps ready to run now, and per-worker counters';
+GRANT SELECT ON dwarf.stats TO PUBLIC;
+

@@ -1,0 +1,784 @@
+/*
+ * api.c
+ *		The SQL-callable functions that client backends use: define, create,
+ *		await, run, cancel, purge and the worker counters.
+ *
+ * The tables are readable under row-level security and writable by no one
+ * but the extension's owner.  These functions check who may do what, then
+ * write as the extension owner; flows remember the role that created them,
+ * and the workers run their tasks as that role.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_authid.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/proc.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgrprotos.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+
+/* What to tell the workers (and the launcher) when this transaction commits. */
+typedef struct PendingNote
+{
+	int64		flow_id;
+	DwarfNoteKind kind;
+	bool		wake_waiters;
+} PendingNote;
+
+static List *PendingNotes = NIL;	/* in TopTransactionContext */
+static bool PendingRescan = false;
+
+/* ---------- commit-time notes ---------- */
+
+static void
+NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters)
+{
+	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+	PendingNote *note = palloc(sizeof(PendingNote));
+
+	note->flow_id = flow_id;
+	note->kind = kind;
+	note->wake_waiters = wake_waiters;
+	PendingNotes = lappend(PendingNotes, note);
+	MemoryContextSwitchTo(old);
+}
+
+/* From the object access hook: an extension or database came or went. */
+void
+DwarfRescanOnCommit(void)
+{
+	PendingRescan = true;
+}
+
+/*
+ * Transaction callback: once the transaction has committed (its rows are
+ * visible), hand its notes to the owning workers and wake them.
+ */
+void
+DwarfXactCallback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	if (event == XACT_EVENT_COMMIT)
+	{
+		foreach(lc, PendingNotes)
+		{
+			PendingNote *note = lfirst(lc);
+			DwarfWorkerSlot *slot = DwarfOwnerSlot(MyDatabaseId, note->flow_id);
+
+			if (slot)
+				(void) DwarfPushNote(slot, note->flow_id, note->kind);
+			if (note->wake_waiters && Dwarf)
+				DwarfWakeWaiters(&note->flow_id, 1);
+		}
+		if (PendingRescan && Dwarf)
+		{
+			int			i;
+
+			DwarfWakeLauncher();
+			for (i = 0; i < DWARF_MAX_WORKERS; i++)
+				if (Dwarf->workers[i].dboid == MyDatabaseId && Dwarf->workers[i].latch)
+					SetLatch(Dwarf->workers[i].latch);
+		}
+	}
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT)
+	{
+		PendingNotes = NIL;
+		PendingRescan = false;
+	}
+}
+
+/* ---------- acting as the extension owner ---------- */
+
+/* The owner of dwarf's tables, who alone may write them. */
+Oid
+DwarfExtensionOwner(void)
+{
+	Oid			nsp = get_namespace_oid("dwarf", false);
+	Oid			rel = get_relname_relid("flow", nsp);
+	HeapTuple	tup;
+	Oid			owner;
+
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "dwarf: table dwarf.flow is missing");
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+typedef struct SavedUser
+{
+	Oid			user;
+	int			sec;
+} SavedUser;
+
+static SavedUser
+BecomeOwner(void)
+{
+	SavedUser	saved;
+
+	GetUserIdAndSecContext(&saved.user, &saved.sec);
+	SetUserIdAndSecContext(DwarfExtensionOwner(), saved.sec | SECURITY_LOCAL_USERID_CHANGE);
+	return saved;
+}
+
+static void
+RestoreUser(SavedUser saved)
+{
+	SetUserIdAndSecContext(saved.user, saved.sec);
+}
+
+/* Runs one statement through SPI and checks that it did what was meant. */
+static void
+Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
+	 int expect)
+{
+	int			rc = SPI_execute_with_args(sql, nargs, types, args, nulls, false, 0);
+
+	if (rc != expect)
+		elog(ERROR, "dwarf: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
+}
+
+static void
+Connect(void)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "dwarf: SPI_connect failed");
+}
+
+/* The id of the latest version of a graph, or an error naming it. */
+static int32
+LatestGraph(text *name)
+{
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1] = {PointerGetDatum(name)};
+	bool		isnull;
+
+	Exec("SELECT id FROM dwarf.graph WHERE name = $1 ORDER BY version DESC LIMIT 1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("graph \"%s\" does not exist", text_to_cstring(name)),
+				 errhint("Define it with dwarf.define().")));
+	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+static void
+CheckInput(Jsonb *input)
+{
+	if (!JsonbIsObject(input))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("flow input must be a JSON object")));
+}
+
+/* A new flow id: this shard's number above the sequence's value. */
+static int64
+NewFlowId(void)
+{
+	SavedUser	saved = BecomeOwner();
+	Oid			seq = get_relname_relid("flow_seq", get_namespace_oid("dwarf", false));
+	int64		value = DatumGetInt64(DirectFunctionCall1(nextval_oid, ObjectIdGetDatum(seq)));
+
+	RestoreUser(saved);
+	if (value >= (INT64CONST(1) << DWARF_SHARD_SHIFT))
+		ereport(ERROR,
+				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
+				 errmsg("dwarf.flow_seq is past 2^48")));
+	return ((int64) dwarf_shard_id << DWARF_SHARD_SHIFT) | value;
+}
+
+/* ---------- define ---------- */
+
+PG_FUNCTION_INFO_V1(dwarf_validate);
+
+/* dwarf.validate(definition): the checked, normalized definition. */
+Datum
+dwarf_validate(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *definition = PG_GETARG_JSONB_P(0);
+	Graph	   *graph = GraphParse(definition, CurrentMemoryContext, true);
+
+	PG_RETURN_JSONB_P(GraphNormalized(graph, definition));
+}
+
+PG_FUNCTION_INFO_V1(dwarf_define);
+
+/*
+ * dwarf.define(name, definition): checks the definition and stores it as
+ * the graph's next version.  Only the role that defined a graph first (or
+ * a member of it) may add versions: a new version decides what runs in
+ * that role's flows.
+ */
+Datum
+dwarf_define(PG_FUNCTION_ARGS)
+{
+	text	   *name = PG_GETARG_TEXT_PP(0);
+	char	   *cname = text_to_cstring(name);
+	Jsonb	   *normalized;
+	Oid			types[3] = {TEXTOID, JSONBOID, OIDOID};
+	Datum		args[3];
+	bool		isnull;
+	int32		version;
+	SavedUser	saved;
+	const char *p;
+
+	if (strlen(cname) == 0 || strlen(cname) >= NAMEDATALEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_NAME),
+				 errmsg("invalid graph name \"%s\"", cname),
+				 errhint("A graph name has 1 to %d characters.", NAMEDATALEN - 1)));
+	for (p = cname; *p; p++)
+		if (!(isalnum((unsigned char) *p) || *p == '_' || *p == '-' || *p == '.'))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_NAME),
+					 errmsg("invalid graph name \"%s\"", cname),
+					 errhint("Use letters, digits, \"_\", \"-\" and \".\".")));
+
+	normalized = GraphNormalized(GraphParse(PG_GETARG_JSONB_P(1), CurrentMemoryContext, true),
+								 PG_GETARG_JSONB_P(1));
+
+	Connect();
+	args[0] = PointerGetDatum(name);
+	Exec("SELECT created_by::oid FROM dwarf.graph WHERE name = $1 ORDER BY version LIMIT 1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed > 0)
+	{
+		Oid			first = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+														   SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (!has_privs_of_role(GetUserId(), first))
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("graph \"%s\" belongs to role %s", cname,
+							GetUserNameFromId(first, true)),
+					 errhint("Only members of that role may define new versions of it.")));
+	}
+
+	saved = BecomeOwner();
+	args[1] = JsonbPGetDatum(normalized);
+	args[2] = ObjectIdGetDatum(saved.user);
+	Exec("SELECT pg_advisory_xact_lock('dwarf.graph'::regclass::oid::int, hashtext($1))",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	Exec("INSERT INTO dwarf.graph (name, version, definition, created_by)"
+		 " SELECT $1, coalesce(max(version), 0) + 1, $2, $3::regrole"
+		 " FROM dwarf.graph WHERE name = $1 RETURNING version",
+		 3, types, args, NULL, SPI_OK_INSERT_RETURNING);
+	version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	RestoreUser(saved);
+	SPI_finish();
+	PG_RETURN_INT32(version);
+}
+
+/* ---------- create ---------- */
+
+/*
+ * Inserts a flow in the caller's transaction.  With an idempotency key that
+ * the caller already used, returns that flow instead.
+ */
+static int64
+CreateFlow(text *graph, Jsonb *input, int32 priority, text *key)
+{
+	Oid			types[6] = {INT8OID, INT4OID, OIDOID, INT4OID, TEXTOID, JSONBOID};
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			caller = GetUserId();
+	bool		isnull;
+	int64		id;
+	SavedUser	saved;
+
+	CheckInput(input);
+	Connect();
+	args[1] = Int32GetDatum(LatestGraph(graph));
+	args[0] = Int64GetDatum(NewFlowId());
+	args[2] = ObjectIdGetDatum(caller);
+	args[3] = Int32GetDatum(priority);
+	if (key)
+		args[4] = PointerGetDatum(key);
+	else
+		nulls[4] = 'n';
+	args[5] = JsonbPGetDatum(input);
+
+	saved = BecomeOwner();
+	Exec("INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input)"
+		 " VALUES ($1, $2, $3::regrole, $4, $5, $6)"
+		 " ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+		 " RETURNING id",
+		 6, types, args, nulls, SPI_OK_INSERT_RETURNING);
+	if (SPI_processed == 1)
+	{
+		id = DatumGetInt64(args[0]);
+		NoteOnCommit(id, NOTE_NEW_FLOW, false);
+	}
+	else
+	{
+		Datum		keyargs[2] = {args[2], args[4]};
+		Oid			keytypes[2] = {OIDOID, TEXTOID};
+
+		Exec("SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
+			 2, keytypes, keyargs, NULL, SPI_OK_SELECT);
+		if (SPI_processed != 1)
+			elog(ERROR, "dwarf: flow with idempotency key vanished");
+		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	RestoreUser(saved);
+	SPI_finish();
+	return id;
+}
+
+static void
+CheckNotNull(FunctionCallInfo fcinfo, int arg, const char *name)
+{
+	if (PG_ARGISNULL(arg))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name)));
+}
+
+PG_FUNCTION_INFO_V1(dwarf_create);
+
+/*
+ * dwarf.create(graph, input, priority, idempotency_key): a new flow of the
+ * graph's latest version, started when the caller commits.
+ */
+Datum
+dwarf_create(PG_FUNCTION_ARGS)
+{
+	CheckNotNull(fcinfo, 0, "graph");
+	CheckNotNull(fcinfo, 1, "input");
+	CheckNotNull(fcinfo, 2, "priority");
+	PG_RETURN_INT64(CreateFlow(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
+							   PG_GETARG_INT32(2),
+							   PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3)));
+}
+
+/* ---------- await ---------- */
+
+static const char *const closed_statuses[] = {"interrupted", "completed", "failed", "cancelled"};
+
+/* Milliseconds in a non-negative interval argument. */
+static int64
+TimeoutMs(Interval *timeout)
+{
+	int64		us = timeout->time +
+		(int64) timeout->day * USECS_PER_DAY +
+		(int64) timeout->month * DAYS_PER_MONTH * USECS_PER_DAY;
+
+	if (us < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("timeout must not be negative")));
+	return us / 1000;
+}
+
+/*
+ * Reads a flow's outcome with a fresh snapshot.  Returns false when the flow
+ * is still running.  Errors if the caller cannot see it.
+ */
+static bool
+ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow_id)};
+	HeapTuple	tup;
+	TupleDesc	desc;
+	char	   *status;
+	int			i;
+	bool		closed = false;
+
+	Exec("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin"
+		 " FROM dwarf.flow WHERE id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
+				 errhint("A role sees only its own flows.")));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	status = SPI_getvalue(tup, desc, 2);
+	if (first && strcmp(status, "running") == 0)
+	{
+		bool		isnull;
+		TransactionId xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 7, &isnull));
+
+		if (TransactionIdIsCurrentTransactionId(xmin))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("flow " INT64_FORMAT " was created in this transaction and cannot start before it commits",
+							flow_id),
+					 errhint("Commit first, or use dwarf.run(), which commits its create on its own.")));
+	}
+	for (i = 0; i < lengthof(closed_statuses); i++)
+		closed |= strcmp(status, closed_statuses[i]) == 0;
+	for (i = 0; i < 6; i++)
+	{
+		values[i] = SPI_getbinval(tup, desc, i + 1, &nulls[i]);
+		if (!nulls[i])
+			values[i] = SPI_datumTransfer(values[i], TupleDescAttr(desc, i)->attbyval,
+										  TupleDescAttr(desc, i)->attlen);
+	}
+	return closed;
+}
+
+/*
+ * Waits in the server until the flow closes or parks, or timeout_ms passes,
+ * and fills values/nulls with its outcome.  Sleeps on its latch; the worker
+ * that commits the flow's end sets it.
+ */
+static void
+AwaitFlow(int64 flow_id, int64 timeout_ms, Datum *values, bool *nulls)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[MyProc->pgprocno] : NULL;
+	bool		first = true;
+
+	Connect();
+	if (waiting)
+		pg_atomic_write_u64(waiting, (uint64) flow_id);
+	PG_TRY();
+	{
+		for (;;)
+		{
+			long		remaining;
+
+			if (ReadOutcome(flow_id, values, nulls, first))
+				break;
+			if (first && IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("dwarf.await cannot wait in a REPEATABLE READ or SERIALIZABLE transaction"),
+						 errdetail("Its snapshot would never see the flow end."),
+						 errhint("Call it in a READ COMMITTED transaction.")));
+			first = false;
+			remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+			if (remaining <= 0)
+				break;
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 Min(remaining, 1000), PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	PG_FINALLY();
+	{
+		if (waiting)
+			pg_atomic_write_u64(waiting, 0);
+	}
+	PG_END_TRY();
+	SPI_finish();
+}
+
+static Datum
+OutcomeDatum(FunctionCallInfo fcinfo, Datum *values, bool *nulls)
+{
+	TupleDesc	desc;
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dwarf: outcome type is not composite");
+	return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls));
+}
+
+PG_FUNCTION_INFO_V1(dwarf_await);
+
+/* dwarf.await(flow, timeout): the flow's outcome once it ends or parks. */
+Datum
+dwarf_await(PG_FUNCTION_ARGS)
+{
+	Datum		values[6];
+	bool		nulls[6];
+
+	CheckNotNull(fcinfo, 0, "flow_id");
+	CheckNotNull(fcinfo, 1, "timeout");
+	AwaitFlow(PG_GETARG_INT64(0), TimeoutMs(PG_GETARG_INTERVAL_P(1)), values, nulls);
+	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
+}
+
+/* ---------- run ---------- */
+
+/* Waits (briefly) for the worker that will own flow_id to be running. */
+static DwarfWorkerSlot *
+WaitForOwner(int64 flow_id)
+{
+	int			tries;
+
+	if (Dwarf == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dwarf is not loaded through shared_preload_libraries"),
+				 errhint("Add dwarf to shared_preload_libraries and restart the server.")));
+	for (tries = 0; tries < 500; tries++)
+	{
+		DwarfWorkerSlot *slot = DwarfOwnerSlot(MyDatabaseId, flow_id);
+
+		if (slot)
+			return slot;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 10, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("no dwarf worker is running in this database"),
+			 errhint("Check max_worker_processes and the server log.")));
+	return NULL;
+}
+
+/*
+ * Hands the create to the owning worker, which commits it (batched with
+ * other callers' creates) and answers with the flow id.
+ */
+static int64
+CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key)
+{
+	DwarfRequest *req;
+	RunRequest *r;
+	dsm_segment *seg;
+	Size		keylen = key ? VARSIZE_ANY_EXHDR(key) : 0;
+	Size		inputlen = VARSIZE(input);
+	int64		flow_id;
+	DwarfWorkerSlot *slot;
+	volatile int64 result = 0;
+	char		errmsg_buf[256];
+	volatile DwarfRequestState state = REQ_SUBMITTED;
+
+	int32		graph_id;
+
+	CheckInput(input);
+	Connect();
+	graph_id = LatestGraph(graph);
+	SPI_finish();
+	flow_id = NewFlowId();
+	slot = WaitForOwner(flow_id);
+
+	seg = dsm_create(offsetof(RunRequest, data) + keylen + inputlen, 0);
+	r = dsm_segment_address(seg);
+	r->flow_id = flow_id;
+	r->graph_id = graph_id;
+	r->owner = GetUserId();
+	r->priority = priority;
+	r->keylen = keylen;
+	r->inputlen = inputlen;
+	if (keylen)
+		memcpy(r->data, VARDATA_ANY(key), keylen);
+	memcpy(r->data + keylen, input, inputlen);
+
+	req = &Dwarf->requests[MyProc->pgprocno];
+	SpinLockAcquire(&req->mutex);
+	req->state = REQ_SUBMITTED;
+	req->handle = dsm_segment_handle(seg);
+	req->flow_id = 0;
+	SpinLockRelease(&req->mutex);
+
+	PG_TRY();
+	{
+		while (!DwarfPushNote(slot, MyProc->pgprocno, NOTE_RUN_REQUEST))
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 1, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+		for (;;)
+		{
+			SpinLockAcquire(&req->mutex);
+			state = req->state;
+			result = req->flow_id;
+			strlcpy(errmsg_buf, req->errmsg, sizeof(errmsg_buf));
+			SpinLockRelease(&req->mutex);
+			if (state != REQ_SUBMITTED)
+				break;
+			if (slot->pid == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_CONNECTION_FAILURE),
+						 errmsg("the dwarf worker exited before creating the flow")));
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 1000, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	PG_FINALLY();
+	{
+		SpinLockAcquire(&req->mutex);
+		req->state = REQ_FREE;
+		req->handle = DSM_HANDLE_INVALID;
+		SpinLockRelease(&req->mutex);
+		dsm_detach(seg);
+	}
+	PG_END_TRY();
+
+	if (state == REQ_FAILED)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("dwarf could not create the flow: %s", errmsg_buf)));
+	return result;
+}
+
+PG_FUNCTION_INFO_V1(dwarf_run);
+
+/*
+ * dwarf.run(graph, input, timeout, priority, idempotency_key): create and
+ * await.  The create commits on its own, so this works in autocommit and
+ * the flow runs even if the caller's transaction later rolls back.
+ */
+Datum
+dwarf_run(PG_FUNCTION_ARGS)
+{
+	Datum		values[6];
+	bool		nulls[6];
+	int64		timeout_ms;
+	int64		flow_id;
+
+	CheckNotNull(fcinfo, 0, "graph");
+	CheckNotNull(fcinfo, 1, "input");
+	CheckNotNull(fcinfo, 2, "timeout");
+	CheckNotNull(fcinfo, 3, "priority");
+	timeout_ms = TimeoutMs(PG_GETARG_INTERVAL_P(2));
+	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
+								  PG_GETARG_INT32(3),
+								  PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4));
+	AwaitFlow(flow_id, timeout_ms, values, nulls);
+	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
+}
+
+/* ---------- cancel, purge ---------- */
+
+PG_FUNCTION_INFO_V1(dwarf_cancel);
+
+/* dwarf.cancel(flow, reason): stops a running or interrupted flow. */
+Datum
+dwarf_cancel(PG_FUNCTION_ARGS)
+{
+	int64		flow_id;
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+	char	   *status;
+	SavedUser	saved;
+
+	CheckNotNull(fcinfo, 0, "flow_id");
+	flow_id = PG_GETARG_INT64(0);
+	args[0] = Int64GetDatum(flow_id);
+	if (PG_ARGISNULL(1))
+		nulls[1] = 'n';
+	else
+		args[1] = PG_GETARG_DATUM(1);
+
+	Connect();
+	/* Under row-level security: the caller sees only flows it may control. */
+	Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
+	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+	saved = BecomeOwner();
+	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING status",
+		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
+	if (SPI_processed == 0)
+	{
+		RestoreUser(saved);
+		Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+		if (SPI_processed > 0)
+			status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " cannot be cancelled: it is %s", flow_id, status)));
+	}
+	RestoreUser(saved);
+	SPI_finish();
+	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, true);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(dwarf_purge);
+
+/*
+ * dwarf.purge(older_than): deletes the closed flows (and their steps) of
+ * the roles the caller has the privileges of, finished before now() minus
+ * older_than.  Returns how many flows went.
+ */
+Datum
+dwarf_purge(PG_FUNCTION_ARGS)
+{
+	Oid			types[2] = {INTERVALOID, OIDOID};
+	Datum		args[2] = {PG_GETARG_DATUM(0), ObjectIdGetDatum(GetUserId())};
+	bool		isnull;
+	int64		purged;
+	SavedUser	saved;
+
+	(void) TimeoutMs(PG_GETARG_INTERVAL_P(0));
+	Connect();
+	saved = BecomeOwner();
+	Exec("WITH gone AS ("
+		 "  DELETE FROM dwarf.flow"
+		 "   WHERE status IN ('completed', 'failed', 'cancelled')"
+		 "     AND finished_at < now() - $1"
+		 "     AND pg_has_role($2, owner, 'USAGE')"
+		 "  RETURNING id),"
+		 " steps AS (DELETE FROM dwarf.step s USING gone WHERE s.flow_id = gone.id)"
+		 " SELECT count(*) FROM gone",
+		 2, types, args, NULL, SPI_OK_SELECT);
+	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	RestoreUser(saved);
+	SPI_finish();
+	PG_RETURN_INT64(purged);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_worker_stats);
+
+/* dwarf.worker_stats(): one row per worker of this database. */
+Datum
+dwarf_worker_stats(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (Dwarf == NULL)
+		return (Datum) 0;
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+		Datum		values[10];
+		bool		nulls[10] = {0};
+
+		if (slot->dboid != MyDatabaseId || slot->pid == 0)
+			continue;
+		values[0] = ObjectIdGetDatum(slot->dboid);
+		values[1] = Int32GetDatum(slot->index);
+		values[2] = Int32GetDatum(slot->pid);
+		values[3] = Int64GetDatum(pg_atomic_read_u64(&slot->flows_loaded));
+		values[4] = Int64GetDatum(pg_atomic_read_u64(&slot->ready));
+		values[5] = Int64GetDatum(pg_atomic_read_u64(&slot->steps));
+		values[6] = Int64GetDatum(pg_atomic_read_u64(&slot->steps_failed));
+		values[7] = Int64GetDatum(pg_atomic_read_u64(&slot->flows_closed));
+		values[8] = Int64GetDatum(pg_atomic_read_u64(&slot->batches));
+		values[9] = Int64GetDatum(pg_atomic_read_u64(&slot->aborted_batches));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}

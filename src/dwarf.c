@@ -1,0 +1,91 @@
+/*
+ * dwarf.c
+ *		Module entry point: settings, shared memory hooks, the launcher.
+ *
+ * dwarf must be in shared_preload_libraries: it needs shared memory for its
+ * wake-ups and a launcher that starts the workers of each database.
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "utils/guc.h"
+
+#include "dwarf.h"
+
+PG_MODULE_MAGIC;
+
+int			dwarf_workers = 2;
+int			dwarf_batch_size = 32;
+int			dwarf_shard_id = 0;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+void		_PG_init(void);
+
+static void
+dwarf_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	DwarfShmemRequest();
+}
+
+static void
+dwarf_shmem_startup(void)
+{
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	DwarfShmemStartup();
+}
+
+/*
+ * Defines the settings and, when preloaded, hooks shared memory and registers
+ * the launcher.  Loaded any other way, the SQL functions still work but no
+ * flow runs; dwarf.create and dwarf.run say so.
+ */
+void
+_PG_init(void)
+{
+	DefineCustomIntVariable("dwarf.workers",
+							"Background workers that run flows, per database.",
+							NULL,
+							&dwarf_workers,
+							2, 1, 32,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.batch_size",
+							"Steps a worker runs and commits together.",
+							"Each batch is one transaction and one WAL flush.",
+							&dwarf_batch_size,
+							32, 1, 1024,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.shard_id",
+							"This server's shard number, carried in the high bits of every flow id.",
+							NULL,
+							&dwarf_shard_id,
+							0, 0, 32767,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("dwarf");
+
+	RegisterXactCallback(DwarfXactCallback, NULL);
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = dwarf_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = dwarf_shmem_startup;
+
+	DwarfRegisterLauncher();
+}

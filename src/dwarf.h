@@ -1,0 +1,313 @@
+/*
+ * dwarf.h
+ *		Declarations shared by dwarf's source files: settings, the shared
+ *		memory layout, compiled graphs, and a flow's in-memory run state.
+ */
+#ifndef DWARF_H
+#define DWARF_H
+
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "fmgr.h"
+#include "lib/pairingheap.h"
+#include "nodes/pg_list.h"
+#include "port/atomics.h"
+#include "storage/dsm.h"
+#include "storage/latch.h"
+#include "storage/spin.h"
+#include "utils/jsonb.h"
+
+/* ---------- settings (dwarf.c) ---------- */
+
+extern int	dwarf_workers;
+extern int	dwarf_batch_size;
+extern int	dwarf_shard_id;
+
+/* Flow ids are (shard << DWARF_SHARD_SHIFT) | sequence value. */
+#define DWARF_SHARD_SHIFT	48
+
+/* Most subtransactions a batch may open (PGPROC_MAX_CACHED_SUBXIDS is 64). */
+#define DWARF_MAX_ISOLATED_BATCH	60
+
+/* ---------- shared memory (shmem.c) ---------- */
+
+#define DWARF_MAX_WORKERS	64
+#define DWARF_RING_SIZE		2048
+
+typedef enum DwarfNoteKind
+{
+	NOTE_NEW_FLOW,				/* a committed create: load the flow */
+	NOTE_RELOAD_FLOW,			/* status changed outside (cancel): reload */
+	NOTE_RUN_REQUEST			/* flow_id is the pgprocno of a dwarf.run caller */
+} DwarfNoteKind;
+
+typedef struct DwarfNote
+{
+	int64		flow_id;
+	int32		kind;
+} DwarfNote;
+
+/* One in-server worker.  The launcher assigns slots; the worker fills pid. */
+typedef struct DwarfWorkerSlot
+{
+	Oid			dboid;			/* InvalidOid when the slot is free */
+	int			index;			/* worker number within its database */
+	pid_t		pid;			/* 0 until the worker runs */
+	Latch	   *latch;			/* the worker's latch while it runs */
+	bool		no_extension;	/* it exited: dwarf is not installed there */
+
+	slock_t		mutex;			/* protects the ring */
+	uint32		head;			/* next note to read */
+	uint32		tail;			/* next free place */
+	bool		overflow;		/* notes were dropped: rescan the table */
+	DwarfNote	ring[DWARF_RING_SIZE];
+
+	/* counters, written by the worker only */
+	pg_atomic_uint64 flows_loaded;
+	pg_atomic_uint64 ready;
+	pg_atomic_uint64 steps;
+	pg_atomic_uint64 steps_failed;
+	pg_atomic_uint64 flows_closed;
+	pg_atomic_uint64 batches;
+	pg_atomic_uint64 aborted_batches;
+} DwarfWorkerSlot;
+
+typedef enum DwarfRequestState
+{
+	REQ_FREE = 0,
+	REQ_SUBMITTED,
+	REQ_DONE,
+	REQ_FAILED,
+	REQ_ABANDONED
+} DwarfRequestState;
+
+/* A dwarf.run caller's create request, one per backend (by pgprocno). */
+typedef struct DwarfRequest
+{
+	slock_t		mutex;
+	DwarfRequestState state;
+	dsm_handle	handle;			/* a RunRequest */
+	int64		flow_id;		/* the flow to await (set when done) */
+	char		errmsg[256];
+} DwarfRequest;
+
+/* The body of a run request, in a DSM segment made by the caller. */
+typedef struct RunRequest
+{
+	int64		flow_id;
+	int32		graph_id;
+	Oid			owner;
+	int32		priority;
+	int32		keylen;			/* idempotency key bytes, 0 if none */
+	Size		inputlen;		/* bytes of the flat jsonb input */
+	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, then the jsonb */
+} RunRequest;
+
+typedef struct DwarfShared
+{
+	slock_t		mutex;			/* protects the launcher fields */
+	pid_t		launcher_pid;
+	Latch	   *launcher_latch;
+	bool		rescan;			/* a database created or dropped dwarf */
+
+	DwarfWorkerSlot workers[DWARF_MAX_WORKERS];
+
+	/* indexed by pgprocno; sized by MaxBackends + aux processes */
+	int			nprocs;
+	pg_atomic_uint64 *waiting;	/* flow a backend awaits, 0 for none */
+	DwarfRequest *requests;
+} DwarfShared;
+
+extern DwarfShared *Dwarf;
+
+extern void DwarfShmemRequest(void);
+extern void DwarfShmemStartup(void);
+extern DwarfWorkerSlot *DwarfOwnerSlot(Oid dboid, int64 flow_id);
+extern bool DwarfPushNote(DwarfWorkerSlot *slot, int64 flow_id, DwarfNoteKind kind);
+extern void DwarfWakeLauncher(void);
+extern void DwarfWakeWaiters(int64 *flow_ids, int n);
+extern int	DwarfWorkerOf(int64 flow_id);
+
+/* ---------- launcher.c, worker.c ---------- */
+
+extern PGDLLEXPORT void DwarfLauncherMain(Datum arg);
+extern PGDLLEXPORT void DwarfWorkerMain(Datum arg);
+extern void DwarfRegisterLauncher(void);
+
+/* ---------- graph.c: definitions, parsed and compiled ---------- */
+
+#define NODE_END	(-1)
+
+typedef enum EdgeKind
+{
+	EDGE_PLAIN,					/* always fires */
+	EDGE_WHEN,					/* fires when its path predicate matches */
+	EDGE_SWITCH,				/* first matching switch edge fires */
+	EDGE_FOR_EACH,				/* one branch per element of an array field */
+	EDGE_GOTO,					/* fires only when the task calls dwarf.goto */
+	EDGE_ERROR					/* fires when the task raised an error */
+} EdgeKind;
+
+typedef enum ReducerKind
+{
+	RED_REPLACE,
+	RED_APPEND,
+	RED_ADD,
+	RED_MIN,
+	RED_MAX,
+	RED_UNION,
+	RED_MERGE,
+	RED_AND,
+	RED_OR,
+	RED_CONCAT
+} ReducerKind;
+
+typedef struct Reducer
+{
+	char	   *field;
+	ReducerKind kind;
+} Reducer;
+
+typedef struct Edge
+{
+	EdgeKind	kind;
+	int			from;
+	int			nto;
+	int		   *to;				/* node numbers, NODE_END for END */
+	char	   *path_text;		/* when/switch predicate as written */
+	Datum		path;			/* compiled jsonpath, or 0 */
+	char	   *for_each;		/* array field, for EDGE_FOR_EACH */
+	char	   *as;				/* element name, for EDGE_FOR_EACH */
+	int			converge;		/* first fan-in reachable from the targets */
+} Edge;
+
+typedef struct GraphNode
+{
+	char	   *name;
+	char	   *fn_name;		/* as resolved: schema.name */
+	Oid			fn;
+	FmgrInfo	flinfo;			/* set up by GraphPrepareCalls */
+	bool		fan_in;
+	List	   *edges;			/* outgoing, in definition order */
+} GraphNode;
+
+typedef struct Graph
+{
+	int			id;
+	char	   *name;
+	int			version;
+	int			nnodes;
+	GraphNode	   *nodes;
+	int			entry;
+	int			nreducers;
+	Reducer    *reducers;
+	MemoryContext cxt;
+	bool		prepared;		/* FmgrInfos set up */
+} Graph;
+
+extern Graph *GraphParse(Jsonb *definition, MemoryContext cxt, bool strict);
+extern Jsonb *GraphNormalized(Graph *graph, Jsonb *definition);
+extern Reducer *ReducersParse(JsonbValue *reducers, int *nreducers);
+extern void GraphPrepareCalls(Graph *graph);
+extern int	GraphNodeByName(Graph *graph, const char *name);
+extern Edge *GraphGotoEdge(Graph *graph, int from, int to);
+
+/* ---------- merge.c: states, changes and reducers ---------- */
+
+extern Jsonb *MergeChanges(Jsonb *state, Jsonb *changes,
+						   Reducer *reducers, int nreducers);
+extern Jsonb *JsonbEmptyObject(void);
+extern Jsonb *JsonbWithKeys(Jsonb *state, int nkeys, const char **keys,
+							JsonbValue *values);
+extern Jsonb *JsonbWithoutKeys(Jsonb *state, int nkeys, const char **keys);
+extern JsonbValue *JsonbField(Jsonb *obj, const char *key);
+extern bool JsonbIsObject(Jsonb *jb);
+
+/* ---------- flowrun.c: a flow's tokens, transitions and replay ---------- */
+
+typedef enum FlowStatus
+{
+	FLOW_RUNNING,
+	FLOW_COMPLETED,
+	FLOW_FAILED
+} FlowStatus;
+
+typedef struct Cohort Cohort;
+
+/* A token is one branch's position: the task it runs next and its state. */
+typedef struct Token
+{
+	int			id;				/* flow-local, assigned in step order */
+	int			node;
+	int			attempt;
+	int			visits;			/* steps this token has taken */
+	Jsonb	   *state;
+	List	   *deltas;			/* changes since the cohort forked (Jsonb *) */
+	Cohort	   *cohort;			/* NULL at the top level */
+	int			branch;			/* index within the cohort */
+	bool		queued;			/* in the worker's ready queue */
+	bool		running;		/* in the batch being run */
+} Token;
+
+/* The branches a fan-out made, waiting to meet again at a fan-in. */
+struct Cohort
+{
+	Cohort	   *parent;			/* the forking token's cohort */
+	int			parent_branch;
+	List	   *parent_deltas;
+	Jsonb	   *fork_state;		/* the forking token's state */
+	int			nbranches;
+	int			pending;		/* branches neither arrived nor ended */
+	int			fan_in;			/* where the first arrival waits, or -1 */
+	List	  **deltas;			/* per branch, set when it arrives or ends */
+	bool	   *reached;		/* per branch: arrived at the fan-in */
+};
+
+typedef struct FlowRun
+{
+	int64		id;				/* hash key */
+	Graph	   *graph;
+	Oid			owner;
+	int32		priority;
+	FlowStatus	status;
+	Jsonb	   *final_state;
+	char	   *error;
+	int			next_token;
+	List	   *tokens;			/* live tokens */
+	MemoryContext cxt;
+} FlowRun;
+
+/* What one execution of a task came to. */
+typedef struct StepOutcome
+{
+	bool		ok;
+	Jsonb	   *changes;		/* ok: what the task returned */
+	int			goto_node;		/* ok: dwarf.goto target, or -1 */
+	Jsonb	   *error;			/* !ok: {message, sqlstate, detail, hint, task} */
+} StepOutcome;
+
+extern FlowRun *FlowRunCreate(FlowRun *flow, Graph *graph, Jsonb *input,
+							 MemoryContext parent);
+extern Token *FlowFindToken(FlowRun *flow, int token_id);
+extern void FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome);
+extern void FlowRunFree(FlowRun *flow);
+
+/* ---------- control.c: the step a task runs in ---------- */
+
+typedef struct StepContext
+{
+	FlowRun    *flow;
+	Token	   *token;
+	int			goto_node;
+} StepContext;
+
+extern StepContext *DwarfCurrentStep;
+
+/* ---------- api.c ---------- */
+
+extern void DwarfXactCallback(XactEvent event, void *arg);
+extern Oid	DwarfExtensionOwner(void);
+extern void DwarfRescanOnCommit(void);
+
+#endif							/* DWARF_H */

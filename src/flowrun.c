@@ -1,0 +1,435 @@
+/*
+ * flowrun.c
+ *		A running flow in a worker's memory: its tokens (one per live branch),
+ *		its cohorts (branches waiting to meet at a fan-in), and the transition
+ *		that follows each step.
+ *
+ * FlowAdvance is a function of the flow, the token and the step's outcome
+ * only, so running it over a flow's recorded steps, in order, rebuilds the
+ * flow exactly: that is how a worker recovers after a restart.  It never
+ * touches the database.
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/memutils.h"
+
+#include "dwarf.h"
+
+static void Route(FlowRun *flow, Token *token, int target, Jsonb *state);
+static void BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
+					   Jsonb *state, int fan_in);
+
+static Token *
+NewToken(FlowRun *flow, int node, Jsonb *state, Cohort *cohort, int branch,
+		 List *deltas)
+{
+	Token	   *token = palloc0(sizeof(Token));
+
+	token->id = flow->next_token++;
+	token->node = node;
+	token->attempt = 1;
+	token->state = state;
+	token->cohort = cohort;
+	token->branch = branch;
+	token->deltas = deltas;
+	flow->tokens = lappend(flow->tokens, token);
+	return token;
+}
+
+static void
+DropToken(FlowRun *flow, Token *token)
+{
+	flow->tokens = list_delete_ptr(flow->tokens, token);
+	pfree(token);
+}
+
+/* Sets up a flow that starts at the entry with its input as state. */
+FlowRun *
+FlowRunCreate(FlowRun *flow, Graph *graph, Jsonb *input, MemoryContext parent)
+{
+	MemoryContext old;
+
+	flow->cxt = AllocSetContextCreate(parent, "dwarf flow", ALLOCSET_SMALL_SIZES);
+	flow->graph = graph;
+	flow->status = FLOW_RUNNING;
+	flow->final_state = NULL;
+	flow->error = NULL;
+	flow->next_token = 0;
+	flow->tokens = NIL;
+	old = MemoryContextSwitchTo(flow->cxt);
+	NewToken(flow, graph->entry, (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input)),
+			 NULL, 0, NIL);
+	MemoryContextSwitchTo(old);
+	return flow;
+}
+
+void
+FlowRunFree(FlowRun *flow)
+{
+	MemoryContextDelete(flow->cxt);
+	flow->cxt = NULL;
+	flow->tokens = NIL;
+}
+
+Token *
+FlowFindToken(FlowRun *flow, int token_id)
+{
+	ListCell   *lc;
+
+	foreach(lc, flow->tokens)
+	{
+		Token	   *token = lfirst(lc);
+
+		if (token->id == token_id)
+			return token;
+	}
+	return NULL;
+}
+
+/* Closes the flow; its remaining tokens will never run. */
+static void
+CloseFlow(FlowRun *flow, FlowStatus status, Jsonb *state, const char *error)
+{
+	flow->status = status;
+	flow->final_state = state;
+	flow->error = error ? pstrdup(error) : NULL;
+	flow->tokens = NIL;
+}
+
+/* Does a when/switch predicate hold on the state?  Unknown counts as no. */
+static bool
+PathMatches(Edge *edge, Jsonb *state)
+{
+	LOCAL_FCINFO(fcinfo, 2);
+	Datum		result;
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 2, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = JsonbPGetDatum(state);
+	fcinfo->args[0].isnull = false;
+	fcinfo->args[1].value = edge->path;
+	fcinfo->args[1].isnull = false;
+	result = jsonb_path_match_opr(fcinfo);
+	return !fcinfo->isnull && DatumGetBool(result);
+}
+
+/* One branch a transition starts: where it goes and what it sees extra. */
+typedef struct Branch
+{
+	int			target;
+	Edge	   *edge;			/* for_each edge, or NULL */
+	JsonbValue	element;
+	int			index;
+	int			count;
+} Branch;
+
+/* The edges that fire after a successful step, in definition order. */
+static List *
+FiringEdges(FlowRun *flow, Token *token, Jsonb *state, int goto_node)
+{
+	GraphNode	   *node = &flow->graph->nodes[token->node];
+	List	   *result = NIL;
+	ListCell   *lc;
+
+	if (goto_node >= 0)
+		return list_make1(GraphGotoEdge(flow->graph, token->node, goto_node));
+
+	foreach(lc, node->edges)
+	{
+		Edge	   *edge = lfirst(lc);
+
+		switch (edge->kind)
+		{
+			case EDGE_PLAIN:
+			case EDGE_FOR_EACH:
+				result = lappend(result, edge);
+				break;
+			case EDGE_WHEN:
+				if (PathMatches(edge, state))
+					result = lappend(result, edge);
+				break;
+			case EDGE_SWITCH:
+				if (PathMatches(edge, state))
+					return list_make1(edge);
+				break;
+			case EDGE_GOTO:
+			case EDGE_ERROR:
+				break;
+		}
+	}
+	return result;
+}
+
+/*
+ * Expands firing edges into branches.  Sets *converge to the fan-in an empty
+ * for_each leads to, and *error when a for_each field is not an array.
+ */
+static List *
+ExpandBranches(FlowRun *flow, List *edges, Jsonb *state, int *converge,
+			   char **error)
+{
+	List	   *result = NIL;
+	ListCell   *lc;
+
+	*converge = -1;
+	*error = NULL;
+	foreach(lc, edges)
+	{
+		Edge	   *edge = lfirst(lc);
+		int			i;
+
+		if (edge->kind == EDGE_FOR_EACH)
+		{
+			JsonbValue *array = JsonbField(state, edge->for_each);
+			JsonbIterator *it;
+			JsonbIteratorToken tok;
+			JsonbValue	v;
+			int			count,
+						index = 0;
+
+			if (array == NULL || array->type != jbvBinary ||
+				!JsonContainerIsArray(array->val.binary.data))
+			{
+				*error = psprintf("for_each field \"%s\" of task \"%s\" is not an array",
+								  edge->for_each, flow->graph->nodes[edge->from].name);
+				return NIL;
+			}
+			count = JsonContainerSize(array->val.binary.data);
+			if (count == 0 && edge->converge >= 0)
+				*converge = edge->converge;
+			it = JsonbIteratorInit(array->val.binary.data);
+			while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+			{
+				Branch	   *b;
+
+				if (tok != WJB_ELEM)
+					continue;
+				b = palloc0(sizeof(Branch));
+				b->target = edge->to[0];
+				b->edge = edge;
+				b->element = v;
+				b->index = index++;
+				b->count = count;
+				result = lappend(result, b);
+			}
+			continue;
+		}
+		for (i = 0; i < edge->nto; i++)
+		{
+			Branch	   *b = palloc0(sizeof(Branch));
+
+			b->target = edge->to[i];
+			result = lappend(result, b);
+		}
+	}
+	return result;
+}
+
+/* The state a for_each branch starts with: its element, index and count. */
+static Jsonb *
+BranchState(Jsonb *state, Branch *b)
+{
+	const char *keys[3];
+	JsonbValue	values[3];
+
+	if (b->edge == NULL)
+		return state;
+	keys[0] = b->edge->as;
+	keys[1] = psprintf("%sIndex", b->edge->as);
+	keys[2] = psprintf("%sCount", b->edge->as);
+	values[0] = b->element;
+	values[1].type = jbvNumeric;
+	values[1].val.numeric = int64_to_numeric(b->index);
+	values[2].type = jbvNumeric;
+	values[2].val.numeric = int64_to_numeric(b->count);
+	return JsonbWithKeys(state, 3, keys, values);
+}
+
+/*
+ * Takes the firing edges from a token whose step produced state.  One plain
+ * target moves the token; several (or a for_each) fork a cohort.
+ */
+static void
+Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
+{
+	int			converge;
+	char	   *error;
+	List	   *branches = ExpandBranches(flow, edges, state, &converge, &error);
+	Cohort	   *cohort;
+	int			n = list_length(branches),
+				b;
+
+	if (error)
+	{
+		CloseFlow(flow, FLOW_FAILED, state, error);
+		return;
+	}
+	if (n == 0)
+	{
+		Route(flow, token, converge >= 0 ? converge : NODE_END, state);
+		return;
+	}
+	if (n == 1 && ((Branch *) linitial(branches))->edge == NULL &&
+		((Edge *) linitial(edges))->nto == 1)
+	{
+		Route(flow, token, ((Branch *) linitial(branches))->target, state);
+		return;
+	}
+
+	cohort = palloc0(sizeof(Cohort));
+	cohort->parent = token->cohort;
+	cohort->parent_branch = token->branch;
+	cohort->parent_deltas = token->deltas;
+	cohort->fork_state = state;
+	cohort->nbranches = n;
+	cohort->pending = n;
+	cohort->fan_in = -1;
+	cohort->deltas = palloc0(sizeof(List *) * n);
+	cohort->reached = palloc0(sizeof(bool) * n);
+	DropToken(flow, token);
+
+	for (b = 0; b < n; b++)
+	{
+		Branch	   *br = list_nth(branches, b);
+		Jsonb	   *bstate = BranchState(state, br);
+		Token	   *t = NewToken(flow, br->target, bstate, cohort, b, NIL);
+
+		Route(flow, t, br->target, bstate);
+		if (flow->status != FLOW_RUNNING)
+			return;
+	}
+}
+
+/*
+ * Puts a token at target: END ends its branch, a fan-in makes it wait for
+ * its cohort, any other task makes it runnable.
+ */
+static void
+Route(FlowRun *flow, Token *token, int target, Jsonb *state)
+{
+	Cohort	   *cohort = token->cohort;
+
+	if (target == NODE_END ||
+		(cohort != NULL && flow->graph->nodes[target].fan_in))
+	{
+		int			branch = token->branch;
+		List	   *deltas = token->deltas;
+
+		DropToken(flow, token);
+		if (cohort == NULL)
+			CloseFlow(flow, FLOW_COMPLETED, state, NULL);
+		else
+			BranchDone(flow, cohort, branch, deltas, state,
+					   target == NODE_END ? -1 : target);
+		return;
+	}
+	token->node = target;
+	token->state = state;
+	token->attempt = 1;
+}
+
+/*
+ * A branch of a cohort arrived at a fan-in (fan_in >= 0) or ended.  When it
+ * was the last, the cohort's changes are merged in branch order onto the
+ * forking state, and one token goes on: at the fan-in, or, when no branch
+ * reached one, as the end of the forking token's own branch.
+ */
+static void
+BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
+		   Jsonb *state, int fan_in)
+{
+	Graph	   *graph = flow->graph;
+	Jsonb	   *merged;
+	List	   *all_deltas;
+	int			b;
+
+	cohort->deltas[branch] = deltas;
+	cohort->reached[branch] = fan_in >= 0;
+	if (fan_in >= 0 && cohort->fan_in < 0)
+		cohort->fan_in = fan_in;
+	if (--cohort->pending > 0)
+		return;
+
+	merged = cohort->fork_state;
+	all_deltas = list_copy(cohort->parent_deltas);
+	for (b = 0; b < cohort->nbranches; b++)
+	{
+		ListCell   *lc;
+
+		foreach(lc, cohort->deltas[b])
+		{
+			merged = MergeChanges(merged, lfirst(lc), graph->reducers, graph->nreducers);
+			all_deltas = lappend(all_deltas, lfirst(lc));
+		}
+	}
+
+	if (cohort->fan_in >= 0)
+		NewToken(flow, cohort->fan_in, merged, cohort->parent,
+				 cohort->parent_branch, cohort->parent ? all_deltas : NIL);
+	else if (cohort->parent == NULL)
+		CloseFlow(flow, FLOW_COMPLETED, merged, NULL);
+	else
+		BranchDone(flow, cohort->parent, cohort->parent_branch, all_deltas, merged, -1);
+}
+
+/* The message of an error document, for the flow's error column. */
+static char *
+ErrorMessage(Jsonb *error)
+{
+	JsonbValue *msg = JsonbField(error, "message");
+
+	if (msg && msg->type == jbvString)
+		return pnstrdup(msg->val.string.val, msg->val.string.len);
+	return pstrdup("task failed");
+}
+
+/*
+ * Moves a flow on after one step of token.  A success merges the task's
+ * changes and takes the edges that fire; an error takes the task's
+ * on_error edges with the error in field onErr, or fails the flow.
+ */
+void
+FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
+{
+	MemoryContext old = MemoryContextSwitchTo(flow->cxt);
+	Graph	   *graph = flow->graph;
+	GraphNode	   *node = &graph->nodes[token->node];
+	Jsonb	   *changes;
+	Jsonb	   *state;
+	List	   *edges = NIL;
+
+	token->visits++;
+
+	if (outcome->ok)
+		changes = outcome->changes;
+	else
+	{
+		ListCell   *lc;
+		const char *key = "onErr";
+		JsonbValue	err;
+
+		foreach(lc, node->edges)
+			if (((Edge *) lfirst(lc))->kind == EDGE_ERROR)
+				edges = lappend(edges, lfirst(lc));
+		if (edges == NIL)
+		{
+			CloseFlow(flow, FLOW_FAILED, token->state, ErrorMessage(outcome->error));
+			MemoryContextSwitchTo(old);
+			return;
+		}
+		err.type = jbvBinary;
+		err.val.binary.data = &outcome->error->root;
+		err.val.binary.len = VARSIZE(outcome->error) - VARHDRSZ;
+		changes = JsonbWithKeys(JsonbEmptyObject(), 1, &key, &err);
+	}
+
+	changes = (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(changes));
+	state = MergeChanges(token->state, changes, graph->reducers, graph->nreducers);
+	if (outcome->ok)
+		edges = FiringEdges(flow, token, state, outcome->goto_node);
+	if (token->cohort != NULL)
+		token->deltas = lappend(token->deltas, changes);
+	Fire(flow, token, edges, state);
+	MemoryContextSwitchTo(old);
+}

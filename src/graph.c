@@ -1,0 +1,782 @@
+/*
+ * graph.c
+ *		Graph definitions: parse the JSON document, check it, and compile it
+ *		into nodes and edges with resolved functions and compiled paths.
+ *
+ * dwarf.define runs the checks once and stores the definition with every
+ * function name schema-qualified; a worker compiles the stored document again
+ * (cheaply, once per graph version) to get function oids and jsonpaths.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "parser/parse_func.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/jsonpath.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/regproc.h"
+#include "utils/syscache.h"
+
+#include "dwarf.h"
+
+#define DefinitionError(...) \
+	ereport(ERROR, \
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE), \
+			 errmsg(__VA_ARGS__)))
+
+static const char *const reducer_names[] = {
+	"replace", "append", "add", "min", "max", "union", "merge", "and", "or", "concat"
+};
+
+/* A NUL-terminated copy of a string JsonbValue, or an error naming what it is. */
+static char *
+StringValue(JsonbValue *v, const char *what)
+{
+	if (v == NULL || v->type != jbvString)
+		DefinitionError("invalid graph definition: %s must be a string", what);
+	return pnstrdup(v->val.string.val, v->val.string.len);
+}
+
+static bool
+BoolValue(JsonbValue *v, const char *what)
+{
+	if (v->type != jbvBool)
+		DefinitionError("invalid graph definition: %s must be true or false", what);
+	return v->val.boolean;
+}
+
+/* Iterates the top level of a container value (object or array). */
+static JsonbIterator *
+IterateValue(JsonbValue *v, bool want_object, const char *what)
+{
+	JsonbContainer *c;
+
+	if (v->type != jbvBinary)
+		DefinitionError("invalid graph definition: %s must be %s", what,
+						want_object ? "an object" : "an array");
+	c = v->val.binary.data;
+	if (want_object ? !JsonContainerIsObject(c) : !JsonContainerIsArray(c))
+		DefinitionError("invalid graph definition: %s must be %s", what,
+						want_object ? "an object" : "an array");
+	return JsonbIteratorInit(c);
+}
+
+int
+GraphNodeByName(Graph *graph, const char *name)
+{
+	int			i;
+
+	if (strcmp(name, "END") == 0)
+		return NODE_END;
+	for (i = 0; i < graph->nnodes; i++)
+		if (strcmp(graph->nodes[i].name, name) == 0)
+			return i;
+	return -2;
+}
+
+/* A node number for a transition's endpoint, or an error naming the edge. */
+static int
+ResolveNode(Graph *graph, const char *name, const char *edge)
+{
+	int			node = GraphNodeByName(graph, name);
+
+	if (node == -2)
+		DefinitionError("invalid graph definition: %s names unknown task \"%s\"",
+						edge, name);
+	return node;
+}
+
+/*
+ * Finds the task's function: fn(jsonb) RETURNS jsonb.  A name that exists
+ * with other arguments, or that returns something else, gets its own error.
+ */
+static Oid
+ResolveFunction(const char *task, const char *fn_name, bool strict)
+{
+	List	   *names = stringToQualifiedNameList(fn_name);
+	Oid			argtypes[1] = {JSONBOID};
+	Oid			fn = LookupFuncName(names, 1, argtypes, true);
+	HeapTuple	tup;
+	Form_pg_proc proc;
+
+	if (!OidIsValid(fn) && !strict)
+		return InvalidOid;
+	if (!OidIsValid(fn))
+	{
+		if (FuncnameGetCandidates(names, -1, NIL, false, false, false, true) != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+					 errmsg("invalid graph definition: function %s of task \"%s\" does not take (jsonb)",
+							fn_name, task),
+					 errhint("A task's function is fn(state jsonb) RETURNS jsonb.")));
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("invalid graph definition: function %s(jsonb) of task \"%s\" does not exist",
+						fn_name, task)));
+	}
+
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for function %u", fn);
+	proc = (Form_pg_proc) GETSTRUCT(tup);
+	if (proc->prokind != PROKIND_FUNCTION || proc->proretset ||
+		proc->prorettype != JSONBOID)
+	{
+		ReleaseSysCache(tup);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_FUNCTION_DEFINITION),
+				 errmsg("invalid graph definition: function %s of task \"%s\" must return a single jsonb",
+						fn_name, task),
+				 errhint("A task's function is fn(state jsonb) RETURNS jsonb.")));
+	}
+	ReleaseSysCache(tup);
+	return fn;
+}
+
+/* Compiles a when/switch predicate, with an error that names the edge. */
+static Datum
+CompilePath(const char *text, const char *edge)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	Datum		path = (Datum) 0;
+
+	PG_TRY();
+	{
+		path = DirectFunctionCall1(jsonpath_in, CStringGetDatum(text));
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: bad path \"%s\" in %s", text, edge),
+				 errdetail("%s", edata->message)));
+	}
+	PG_END_TRY();
+	return path;
+}
+
+static Edge *
+NewEdge(Graph *graph, EdgeKind kind, int from, int nto)
+{
+	Edge	   *edge = palloc0(sizeof(Edge));
+
+	edge->kind = kind;
+	edge->from = from;
+	edge->nto = nto;
+	edge->to = palloc0(sizeof(int) * Max(nto, 1));
+	edge->converge = -1;
+	graph->nodes[from].edges = lappend(graph->nodes[from].edges, edge);
+	return edge;
+}
+
+/* {"chain": ["A", "B", "C", "END"]}: plain edges between neighbours. */
+static void
+ParseChain(Graph *graph, JsonbValue *chain, const char *edge_desc)
+{
+	JsonbIterator *it = IterateValue(chain, false, "chain");
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+	int			prev = -2;
+
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		int			node;
+
+		if (tok != WJB_ELEM)
+			continue;
+		node = ResolveNode(graph, StringValue(&v, "a chain element"), edge_desc);
+		if (prev == NODE_END)
+			DefinitionError("invalid graph definition: %s continues after END", edge_desc);
+		if (prev != -2)
+			NewEdge(graph, EDGE_PLAIN, prev, 1)->to[0] = node;
+		prev = node;
+	}
+}
+
+/* One element of "transitions". */
+static void
+ParseTransition(Graph *graph, JsonbValue *elem, int number)
+{
+	JsonbIterator *it = IterateValue(elem, true, "a transition");
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				v;
+	char		desc[256];
+	char	   *from = NULL,
+			   *when = NULL,
+			   *sw = NULL,
+			   *for_each = NULL,
+			   *as = NULL;
+	bool		is_goto = false,
+				on_error = false;
+	JsonbValue	to = {0},
+				chain = {0};
+	int			nto = 0;
+	EdgeKind	kind;
+	Edge	   *edge;
+	int			from_node;
+
+	snprintf(desc, sizeof(desc), "transition %d", number);
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		char	   *key;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(k.val.string.val, k.val.string.len);
+		(void) JsonbIteratorNext(&it, &v, true);
+		if (strcmp(key, "from") == 0)
+			from = StringValue(&v, "\"from\"");
+		else if (strcmp(key, "to") == 0)
+			to = v;
+		else if (strcmp(key, "chain") == 0)
+			chain = v;
+		else if (strcmp(key, "when") == 0)
+			when = StringValue(&v, "\"when\"");
+		else if (strcmp(key, "switch") == 0)
+			sw = StringValue(&v, "\"switch\"");
+		else if (strcmp(key, "for_each") == 0)
+			for_each = StringValue(&v, "\"for_each\"");
+		else if (strcmp(key, "as") == 0)
+			as = StringValue(&v, "\"as\"");
+		else if (strcmp(key, "goto") == 0)
+			is_goto = BoolValue(&v, "\"goto\"");
+		else if (strcmp(key, "on_error") == 0)
+			on_error = BoolValue(&v, "\"on_error\"");
+		else
+			DefinitionError("invalid graph definition: unknown key \"%s\" in %s", key, desc);
+	}
+
+	if (chain.type == jbvBinary)
+	{
+		if (from || to.type != jbvNull || when || sw || for_each || as || is_goto || on_error)
+			DefinitionError("invalid graph definition: %s has \"chain\" and other keys", desc);
+		ParseChain(graph, &chain, desc);
+		return;
+	}
+	if (from == NULL || to.type == jbvNull)
+		DefinitionError("invalid graph definition: %s needs \"from\" and \"to\" (or \"chain\")", desc);
+
+	from_node = ResolveNode(graph, from, desc);
+	if (from_node == NODE_END)
+		DefinitionError("invalid graph definition: %s starts at END", desc);
+
+	if (to.type == jbvString)
+		snprintf(desc, sizeof(desc), "transition %d (from \"%s\" to \"%.*s\")",
+				 number, from, to.val.string.len, to.val.string.val);
+	else
+		snprintf(desc, sizeof(desc), "transition %d (from \"%s\")", number, from);
+
+	if ((when != NULL) + (sw != NULL) + (for_each != NULL) + is_goto + on_error > 1)
+		DefinitionError("invalid graph definition: %s combines more than one of when, switch, for_each, goto and on_error",
+						desc);
+	if (as && !for_each)
+		DefinitionError("invalid graph definition: %s has \"as\" without \"for_each\"", desc);
+
+	kind = when ? EDGE_WHEN : sw ? EDGE_SWITCH : for_each ? EDGE_FOR_EACH :
+		is_goto ? EDGE_GOTO : on_error ? EDGE_ERROR : EDGE_PLAIN;
+
+	if (to.type == jbvString)
+	{
+		edge = NewEdge(graph, kind, from_node, 1);
+		edge->to[0] = ResolveNode(graph, StringValue(&to, "\"to\""), desc);
+	}
+	else
+	{
+		JsonbIterator *ti = IterateValue(&to, false, "\"to\"");
+		List	   *targets = NIL;
+		ListCell   *lc;
+
+		while ((tok = JsonbIteratorNext(&ti, &v, true)) != WJB_DONE)
+			if (tok == WJB_ELEM)
+				targets = lappend_int(targets,
+									  ResolveNode(graph, StringValue(&v, "a \"to\" element"), desc));
+		nto = list_length(targets);
+		if (nto == 0)
+			DefinitionError("invalid graph definition: %s has an empty \"to\"", desc);
+		if (nto > 1 && kind != EDGE_PLAIN && kind != EDGE_WHEN)
+			DefinitionError("invalid graph definition: %s: only plain and when edges may fan out to several tasks",
+							desc);
+		edge = NewEdge(graph, kind, from_node, nto);
+		nto = 0;
+		foreach(lc, targets)
+			edge->to[nto++] = lfirst_int(lc);
+	}
+
+	if (kind == EDGE_GOTO && edge->to[0] == NODE_END)
+		DefinitionError("invalid graph definition: %s: a goto edge must name a task", desc);
+	if (when || sw)
+	{
+		edge->path_text = when ? when : sw;
+		edge->path = CompilePath(edge->path_text, desc);
+	}
+	if (for_each)
+	{
+		edge->for_each = for_each;
+		edge->as = as ? as : pstrdup("item");
+	}
+}
+
+static void
+ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
+{
+	JsonbIterator *it = IterateValue(tasks, true, "\"tasks\"");
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				v;
+	int			n = 0;
+
+	graph->nodes = palloc0(sizeof(GraphNode) * (JsonContainerSize(tasks->val.binary.data) + 1));
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		GraphNode	   *node;
+		char	   *name;
+
+		if (tok != WJB_KEY)
+			continue;
+		name = pnstrdup(k.val.string.val, k.val.string.len);
+		(void) JsonbIteratorNext(&it, &v, true);
+		if (name[0] == '\0' || strcmp(name, "END") == 0 || strlen(name) > NAMEDATALEN - 1)
+			DefinitionError("invalid graph definition: \"%s\" cannot name a task", name);
+		node = &graph->nodes[n++];
+		node->name = name;
+		node->fn_name = StringValue(&v, psprintf("the function of task \"%s\"", name));
+		node->fn = ResolveFunction(name, node->fn_name, strict);
+		if (OidIsValid(node->fn))
+			node->fn_name = quote_qualified_identifier(get_namespace_name(get_func_namespace(node->fn)),
+													   get_func_name(node->fn));
+	}
+	graph->nnodes = n;
+	if (n == 0)
+		DefinitionError("invalid graph definition: \"tasks\" is empty");
+}
+
+static void
+ParseFanIn(Graph *graph, JsonbValue *fan_in)
+{
+	JsonbIterator *it = IterateValue(fan_in, false, "\"fan_in\"");
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		int			node;
+
+		if (tok != WJB_ELEM)
+			continue;
+		node = ResolveNode(graph, StringValue(&v, "a \"fan_in\" element"), "\"fan_in\"");
+		if (node == NODE_END)
+			DefinitionError("invalid graph definition: END cannot be a fan-in");
+		graph->nodes[node].fan_in = true;
+	}
+}
+
+/* "reducers": {"field": "append", ...}; also used by dwarf.fold_changes. */
+Reducer *
+ReducersParse(JsonbValue *reducers, int *nreducers)
+{
+	JsonbIterator *it = IterateValue(reducers, true, "\"reducers\"");
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				v;
+	Reducer    *result;
+	int			n = 0;
+
+	result = palloc0(sizeof(Reducer) * (JsonContainerSize(reducers->val.binary.data) + 1));
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		char	   *field,
+				   *name;
+		int			r;
+
+		if (tok != WJB_KEY)
+			continue;
+		field = pnstrdup(k.val.string.val, k.val.string.len);
+		(void) JsonbIteratorNext(&it, &v, true);
+		name = StringValue(&v, psprintf("the reducer of field \"%s\"", field));
+		for (r = 0; r < lengthof(reducer_names); r++)
+			if (strcmp(name, reducer_names[r]) == 0)
+				break;
+		if (r == lengthof(reducer_names))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid graph definition: unknown reducer \"%s\" for field \"%s\"",
+							name, field),
+					 errhint("Reducers are replace, append, add, min, max, union, merge, and, or and concat.")));
+		result[n].field = field;
+		result[n].kind = (ReducerKind) r;
+		n++;
+	}
+	*nreducers = n;
+	return result;
+}
+
+/* The entry: named, or else the one task no edge leads to. */
+static void
+FindEntry(Graph *graph, JsonbValue *entry)
+{
+	bool	   *has_incoming = palloc0(sizeof(bool) * graph->nnodes);
+	int			i,
+				j,
+				candidates = 0;
+
+	if (entry)
+	{
+		graph->entry = ResolveNode(graph, StringValue(entry, "\"entry\""), "\"entry\"");
+		if (graph->entry == NODE_END)
+			DefinitionError("invalid graph definition: the entry cannot be END");
+		return;
+	}
+	for (i = 0; i < graph->nnodes; i++)
+	{
+		ListCell   *lc;
+
+		foreach(lc, graph->nodes[i].edges)
+		{
+			Edge	   *edge = lfirst(lc);
+
+			for (j = 0; j < edge->nto; j++)
+				if (edge->to[j] >= 0)
+					has_incoming[edge->to[j]] = true;
+		}
+	}
+	for (i = 0; i < graph->nnodes; i++)
+		if (!has_incoming[i])
+		{
+			graph->entry = i;
+			candidates++;
+		}
+	if (candidates != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: cannot tell the entry task"),
+				 errdetail("%d tasks have no incoming edge.", candidates),
+				 errhint("Name it with \"entry\".")));
+}
+
+/* Every task must be reachable from the entry, through edges of any kind. */
+static void
+CheckReachable(Graph *graph)
+{
+	bool	   *seen = palloc0(sizeof(bool) * graph->nnodes);
+	int		   *stack = palloc(sizeof(int) * graph->nnodes);
+	int			top = 0,
+				i;
+
+	seen[graph->entry] = true;
+	stack[top++] = graph->entry;
+	while (top > 0)
+	{
+		ListCell   *lc;
+
+		foreach(lc, graph->nodes[stack[--top]].edges)
+		{
+			Edge	   *edge = lfirst(lc);
+
+			for (i = 0; i < edge->nto; i++)
+				if (edge->to[i] >= 0 && !seen[edge->to[i]])
+				{
+					seen[edge->to[i]] = true;
+					stack[top++] = edge->to[i];
+				}
+		}
+	}
+	for (i = 0; i < graph->nnodes; i++)
+		if (!seen[i])
+			DefinitionError("invalid graph definition: task \"%s\" is unreachable from the entry \"%s\"",
+							graph->nodes[i].name, graph->nodes[graph->entry].name);
+}
+
+/* A task may not mix switch edges with edges that fire by themselves. */
+static void
+CheckSwitchNotMixed(Graph *graph)
+{
+	int			i;
+
+	for (i = 0; i < graph->nnodes; i++)
+	{
+		ListCell   *lc;
+		bool		has_switch = false,
+					has_other = false;
+
+		foreach(lc, graph->nodes[i].edges)
+		{
+			Edge	   *edge = lfirst(lc);
+
+			if (edge->kind == EDGE_SWITCH)
+				has_switch = true;
+			else if (edge->kind != EDGE_GOTO && edge->kind != EDGE_ERROR)
+				has_other = true;
+		}
+		if (has_switch && has_other)
+			DefinitionError("invalid graph definition: task \"%s\" mixes switch edges with other edges",
+							graph->nodes[i].name);
+	}
+}
+
+/*
+ * A cycle of plain edges runs forever: each of its edges fires every time.
+ * Only a goto edge on the way (the task may take it instead) lets a flow
+ * leave such a cycle, so nodes with one are exempt.  Depth-first search,
+ * colouring nodes white (0), on the stack (1) and done (2).
+ */
+static bool
+FindPlainCycle(Graph *graph, int node, int *colour, int *path, int depth)
+{
+	ListCell   *lc;
+
+	colour[node] = 1;
+	path[depth] = node;
+	foreach(lc, graph->nodes[node].edges)
+	{
+		Edge	   *edge = lfirst(lc);
+
+		if (edge->kind == EDGE_GOTO)
+		{
+			colour[node] = 2;
+			return false;
+		}
+	}
+	foreach(lc, graph->nodes[node].edges)
+	{
+		Edge	   *edge = lfirst(lc);
+		int			i;
+
+		if (edge->kind != EDGE_PLAIN)
+			continue;
+		for (i = 0; i < edge->nto; i++)
+		{
+			int			next = edge->to[i];
+
+			if (next < 0)
+				continue;
+			if (colour[next] == 1)
+			{
+				StringInfoData cycle;
+				int			d;
+
+				initStringInfo(&cycle);
+				for (d = 0; d <= depth && path[d] != next; d++)
+					;
+				for (; d <= depth; d++)
+					appendStringInfo(&cycle, "%s -> ", graph->nodes[path[d]].name);
+				appendStringInfoString(&cycle, graph->nodes[next].name);
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("invalid graph definition: the cycle %s can never be left",
+								cycle.data),
+						 errdetail("All its edges are unconditional."),
+						 errhint("Make one of them a \"when\", \"switch\" or \"goto\" edge.")));
+			}
+			if (colour[next] == 0 &&
+				FindPlainCycle(graph, next, colour, path, depth + 1))
+				return true;
+		}
+	}
+	colour[node] = 2;
+	return false;
+}
+
+/* For an empty for_each: the first fan-in downstream of an edge's targets. */
+static int
+FindConvergence(Graph *graph, Edge *edge)
+{
+	bool	   *seen = palloc0(sizeof(bool) * graph->nnodes);
+	int		   *queue = palloc(sizeof(int) * graph->nnodes);
+	int			head = 0,
+				tail = 0,
+				i;
+
+	for (i = 0; i < edge->nto; i++)
+		if (edge->to[i] >= 0 && !seen[edge->to[i]])
+		{
+			seen[edge->to[i]] = true;
+			queue[tail++] = edge->to[i];
+		}
+	while (head < tail)
+	{
+		int			node = queue[head++];
+		ListCell   *lc;
+
+		if (graph->nodes[node].fan_in)
+			return node;
+		foreach(lc, graph->nodes[node].edges)
+		{
+			Edge	   *e = lfirst(lc);
+
+			if (e->kind == EDGE_ERROR || e->kind == EDGE_GOTO)
+				continue;
+			for (i = 0; i < e->nto; i++)
+				if (e->to[i] >= 0 && !seen[e->to[i]])
+				{
+					seen[e->to[i]] = true;
+					queue[tail++] = e->to[i];
+				}
+		}
+	}
+	return -1;
+}
+
+/*
+ * Parses and checks a definition; the result lives in a new child of cxt.
+ * Raises an error that names the offending node or edge.  Not strict (in a
+ * worker, for a stored definition), a task whose function has since been
+ * dropped gets an invalid oid, and only its steps fail.
+ */
+Graph *
+GraphParse(Jsonb *definition, MemoryContext cxt, bool strict)
+{
+	MemoryContext gcxt = AllocSetContextCreate(cxt, "dwarf graph", ALLOCSET_SMALL_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(gcxt);
+	Graph	   *graph = palloc0(sizeof(Graph));
+	JsonbValue *tasks,
+			   *transitions,
+			   *fan_in,
+			   *reducers,
+			   *entry;
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+	int			number = 0,
+				i;
+	int		   *colour,
+			   *path;
+
+	graph->cxt = gcxt;
+	if (!JsonbIsObject(definition))
+		DefinitionError("invalid graph definition: it must be a JSON object");
+
+	it = JsonbIteratorInit(&definition->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok != WJB_KEY)
+			continue;
+		if (!(v.val.string.len == 5 && strncmp(v.val.string.val, "tasks", 5) == 0) &&
+			!(v.val.string.len == 11 && strncmp(v.val.string.val, "transitions", 11) == 0) &&
+			!(v.val.string.len == 6 && strncmp(v.val.string.val, "fan_in", 6) == 0) &&
+			!(v.val.string.len == 8 && strncmp(v.val.string.val, "reducers", 8) == 0) &&
+			!(v.val.string.len == 5 && strncmp(v.val.string.val, "entry", 5) == 0))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid graph definition: unknown key \"%.*s\"",
+							v.val.string.len, v.val.string.val),
+					 errhint("A definition has \"tasks\", \"transitions\", and optionally \"entry\", \"fan_in\" and \"reducers\".")));
+	}
+
+	tasks = JsonbField(definition, "tasks");
+	if (tasks == NULL)
+		DefinitionError("invalid graph definition: \"tasks\" is missing");
+	ParseTasks(graph, tasks, strict);
+
+	transitions = JsonbField(definition, "transitions");
+	if (transitions)
+	{
+		it = IterateValue(transitions, false, "\"transitions\"");
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+			if (tok == WJB_ELEM)
+				ParseTransition(graph, &v, ++number);
+	}
+
+	if ((fan_in = JsonbField(definition, "fan_in")) != NULL)
+		ParseFanIn(graph, fan_in);
+	if ((reducers = JsonbField(definition, "reducers")) != NULL)
+		graph->reducers = ReducersParse(reducers, &graph->nreducers);
+
+	entry = JsonbField(definition, "entry");
+	FindEntry(graph, entry);
+	CheckReachable(graph);
+	CheckSwitchNotMixed(graph);
+
+	colour = palloc0(sizeof(int) * graph->nnodes);
+	path = palloc(sizeof(int) * (graph->nnodes + 1));
+	for (i = 0; i < graph->nnodes; i++)
+		if (colour[i] == 0)
+			(void) FindPlainCycle(graph, i, colour, path, 0);
+
+	for (i = 0; i < graph->nnodes; i++)
+	{
+		ListCell   *lc;
+
+		foreach(lc, graph->nodes[i].edges)
+			((Edge *) lfirst(lc))->converge = FindConvergence(graph, lfirst(lc));
+	}
+
+	MemoryContextSwitchTo(old);
+	return graph;
+}
+
+/*
+ * The definition as dwarf.define stores it: the entry named, and every task's
+ * function schema-qualified so that any search_path finds the same one.
+ */
+Jsonb *
+GraphNormalized(Graph *graph, Jsonb *definition)
+{
+	JsonbParseState *state = NULL;
+	JsonbValue	keys[2];
+	JsonbValue *tasks;
+	const char *names[2] = {"entry", "tasks"};
+	int			i;
+
+	keys[0].type = jbvString;
+	keys[0].val.string.val = graph->nodes[graph->entry].name;
+	keys[0].val.string.len = strlen(graph->nodes[graph->entry].name);
+
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	for (i = 0; i < graph->nnodes; i++)
+	{
+		JsonbValue	k,
+					v;
+
+		k.type = jbvString;
+		k.val.string.val = graph->nodes[i].name;
+		k.val.string.len = strlen(graph->nodes[i].name);
+		v.type = jbvString;
+		v.val.string.val = graph->nodes[i].fn_name;
+		v.val.string.len = strlen(graph->nodes[i].fn_name);
+		pushJsonbValue(&state, WJB_KEY, &k);
+		pushJsonbValue(&state, WJB_VALUE, &v);
+	}
+	tasks = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	keys[1].type = jbvBinary;
+	keys[1].val.binary.data = &JsonbValueToJsonb(tasks)->root;
+	keys[1].val.binary.len = 0;
+	return JsonbWithKeys(definition, 2, names, keys);
+}
+
+/* Looks up each task's function for calling; once per graph in a worker. */
+void
+GraphPrepareCalls(Graph *graph)
+{
+	int			i;
+
+	for (i = 0; i < graph->nnodes; i++)
+		if (OidIsValid(graph->nodes[i].fn))
+			fmgr_info_cxt(graph->nodes[i].fn, &graph->nodes[i].flinfo, graph->cxt);
+	graph->prepared = true;
+}
+
+Edge *
+GraphGotoEdge(Graph *graph, int from, int to)
+{
+	ListCell   *lc;
+
+	foreach(lc, graph->nodes[from].edges)
+	{
+		Edge	   *edge = lfirst(lc);
+
+		if (edge->kind == EDGE_GOTO && edge->to[0] == to)
+			return edge;
+	}
+	return NULL;
+}

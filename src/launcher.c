@@ -1,0 +1,358 @@
+/*
+ * launcher.c
+ *		The launcher: one static background worker that starts dwarf's
+ *		workers in every database that has the extension.
+ *
+ * The launcher is connected to no database, so it reads only pg_database.
+ * It does not know which databases have dwarf: it starts their workers, and
+ * a worker in a database without the extension says so and exits.  Such
+ * databases are probed again only when some backend creates an extension or
+ * a database (the object access hook below asks for a rescan on commit).
+ */
+#include "postgres.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+
+/* A database the launcher knows of, and the workers it started there. */
+typedef struct LauncherDb
+{
+	Oid			dboid;
+	bool		absent;			/* probed: no dwarf there */
+	BackgroundWorkerHandle *handles[DWARF_MAX_WORKERS];
+	int			slots[DWARF_MAX_WORKERS];
+	TimestampTz restart_at[DWARF_MAX_WORKERS];
+} LauncherDb;
+
+#define LAUNCHER_MAX_DBS 64
+#define RESTART_DELAY_MS 1000
+
+static LauncherDb dbs[LAUNCHER_MAX_DBS];
+static int	ndbs = 0;
+
+static object_access_hook_type prev_object_access_hook = NULL;
+
+/*
+ * Object access hook: a new extension or database may need workers.  The
+ * rescan happens when the transaction commits.
+ */
+static void
+DwarfObjectAccess(ObjectAccessType access, Oid classId, Oid objectId,
+				  int subId, void *arg)
+{
+	if (prev_object_access_hook)
+		prev_object_access_hook(access, classId, objectId, subId, arg);
+
+	if ((classId == ExtensionRelationId &&
+		 (access == OAT_POST_CREATE || access == OAT_DROP)) ||
+		(classId == DatabaseRelationId && access == OAT_POST_CREATE))
+		DwarfRescanOnCommit();
+}
+
+/* Registers the launcher and the hook; from _PG_init when preloaded. */
+void
+DwarfRegisterLauncher(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 5;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "dwarf");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "DwarfLauncherMain");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "dwarf launcher");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "dwarf launcher");
+	RegisterBackgroundWorker(&worker);
+
+	prev_object_access_hook = object_access_hook;
+	object_access_hook = DwarfObjectAccess;
+}
+
+/* Reads pg_database: every database that accepts connections. */
+static List *
+ListDatabases(void)
+{
+	List	   *result = NIL;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	MemoryContext outer = CurrentMemoryContext;
+
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while (HeapTupleIsValid(tup = heap_getnext(scan, ForwardScanDirection)))
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+		MemoryContext old;
+
+		if (!db->datallowconn || db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			continue;
+		old = MemoryContextSwitchTo(outer);
+		result = lappend_oid(result, db->oid);
+		MemoryContextSwitchTo(old);
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+	return result;
+}
+
+/* Takes a free worker slot for (dboid, index); -1 when all are taken. */
+static int
+ClaimSlot(Oid dboid, int index)
+{
+	int			i;
+
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+		if (slot->dboid == InvalidOid)
+		{
+			SpinLockAcquire(&slot->mutex);
+			slot->dboid = dboid;
+			slot->index = index;
+			slot->pid = 0;
+			slot->latch = NULL;
+			slot->no_extension = false;
+			slot->head = slot->tail = 0;
+			slot->overflow = false;
+			SpinLockRelease(&slot->mutex);
+			return i;
+		}
+	}
+	return -1;
+}
+
+static void
+ReleaseSlot(int i)
+{
+	DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+	SpinLockAcquire(&slot->mutex);
+	slot->dboid = InvalidOid;
+	slot->latch = NULL;
+	slot->pid = 0;
+	SpinLockRelease(&slot->mutex);
+}
+
+/* Starts worker number index of a database; false if that is not possible now. */
+static bool
+StartWorker(LauncherDb *db, int index)
+{
+	BackgroundWorker worker;
+	int			slot = ClaimSlot(db->dboid, index);
+
+	if (slot < 0)
+	{
+		ereport(WARNING,
+				(errmsg("dwarf: no free worker slot for database %u", db->dboid),
+				 errhint("At most %d dwarf workers run at once, across all databases.",
+						 DWARF_MAX_WORKERS)));
+		return false;
+	}
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "dwarf");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "DwarfWorkerMain");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "dwarf worker %d for database %u",
+			 index, db->dboid);
+	snprintf(worker.bgw_type, BGW_MAXLEN, "dwarf worker");
+	worker.bgw_main_arg = Int32GetDatum(slot);
+	worker.bgw_notify_pid = MyProcPid;
+
+	if (!RegisterDynamicBackgroundWorker(&worker, &db->handles[index]))
+	{
+		ReleaseSlot(slot);
+		db->handles[index] = NULL;
+		ereport(WARNING,
+				(errmsg("dwarf: could not start a worker for database %u", db->dboid),
+				 errhint("Raise max_worker_processes.")));
+		return false;
+	}
+	db->slots[index] = slot;
+	return true;
+}
+
+/* Adds databases not yet known; forgets dropped ones; after a rescan request, probes again. */
+static void
+RefreshDatabases(bool reprobe)
+{
+	List	   *oids = ListDatabases();
+	ListCell   *lc;
+	int			i;
+
+	foreach(lc, oids)
+	{
+		Oid			dboid = lfirst_oid(lc);
+		bool		known = false;
+
+		for (i = 0; i < ndbs; i++)
+			if (dbs[i].dboid == dboid)
+				known = true;
+		if (!known && ndbs < LAUNCHER_MAX_DBS)
+		{
+			memset(&dbs[ndbs], 0, sizeof(LauncherDb));
+			dbs[ndbs].dboid = dboid;
+			ndbs++;
+		}
+	}
+	for (i = 0; i < ndbs; i++)
+	{
+		if (!list_member_oid(oids, dbs[i].dboid))
+			dbs[i].absent = true;	/* dropped; its workers are gone */
+		else if (reprobe)
+			dbs[i].absent = false;
+	}
+	list_free(oids);
+}
+
+/*
+ * Keeps every database's workers running: reaps the ones that stopped and
+ * starts the missing ones.  Returns how long the launcher may sleep.
+ */
+static long
+TendWorkers(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	long		sleep_ms = -1;
+	int			d,
+				i;
+
+	for (d = 0; d < ndbs; d++)
+	{
+		LauncherDb *db = &dbs[d];
+
+		for (i = 0; i < dwarf_workers; i++)
+		{
+			pid_t		pid;
+
+			if (db->handles[i] != NULL &&
+				GetBackgroundWorkerPid(db->handles[i], &pid) == BGWH_STOPPED)
+			{
+				DwarfWorkerSlot *slot = &Dwarf->workers[db->slots[i]];
+
+				if (slot->no_extension)
+					db->absent = true;
+				else
+					db->restart_at[i] = TimestampTzPlusMilliseconds(now, RESTART_DELAY_MS);
+				pfree(db->handles[i]);
+				db->handles[i] = NULL;
+				ReleaseSlot(db->slots[i]);
+			}
+		}
+		if (db->absent)
+			continue;
+		for (i = 0; i < dwarf_workers; i++)
+		{
+			if (db->handles[i] != NULL)
+				continue;
+			if (db->restart_at[i] > now)
+			{
+				long		ms = TimestampDifferenceMilliseconds(now, db->restart_at[i]) + 1;
+
+				if (sleep_ms < 0 || ms < sleep_ms)
+					sleep_ms = ms;
+				continue;
+			}
+			if (!StartWorker(db, i))
+				sleep_ms = sleep_ms < 0 ? 10000 : Min(sleep_ms, 10000);
+		}
+	}
+	return sleep_ms;
+}
+
+/*
+ * The launcher's main loop.  It sleeps until a worker starts or stops
+ * (bgw_notify_pid), a rescan is asked for, or a delayed restart is due.
+ */
+void
+DwarfLauncherMain(Datum arg)
+{
+	bool		first = true;
+	bool		orphans = false;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_appname("dwarf launcher");
+
+	SpinLockAcquire(&Dwarf->mutex);
+	Dwarf->launcher_pid = MyProcPid;
+	Dwarf->launcher_latch = MyLatch;
+	SpinLockRelease(&Dwarf->mutex);
+
+	/*
+	 * A launcher that restarted on its own (not with the whole server) has no
+	 * handles for the workers it left: stop them, and start new ones after
+	 * a delay long enough for the old ones to be gone.
+	 */
+	for (int i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		if (Dwarf->workers[i].dboid == InvalidOid)
+			continue;
+		if (Dwarf->workers[i].pid > 0)
+		{
+			kill(Dwarf->workers[i].pid, SIGTERM);
+			orphans = true;
+		}
+		ReleaseSlot(i);
+	}
+	if (orphans)
+		pg_usleep(RESTART_DELAY_MS * 1000L);
+
+	for (;;)
+	{
+		bool		rescan;
+		long		sleep_ms;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		SpinLockAcquire(&Dwarf->mutex);
+		rescan = Dwarf->rescan;
+		Dwarf->rescan = false;
+		SpinLockRelease(&Dwarf->mutex);
+
+		if (first || rescan)
+			RefreshDatabases(true);
+		first = false;
+
+		sleep_ms = TendWorkers();
+
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_EXIT_ON_PM_DEATH |
+						 (sleep_ms >= 0 ? WL_TIMEOUT : 0),
+						 sleep_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}

@@ -1,0 +1,501 @@
+/*
+ * merge.c
+ *		Flow state: merging a step's changes into a state with the graph's
+ *		per-field reducers, and small helpers for building JSON objects.
+ *
+ * A state is a JSON object.  A task returns its changes, also an object;
+ * each changed field is combined with the old value by the field's reducer
+ * (replace when none is named).  JSON null removes a replaced field and is
+ * ignored for a reduced one, so one branch cannot wipe the others' work.
+ */
+#include "postgres.h"
+
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/numeric.h"
+#include "utils/varlena.h"
+
+#include "dwarf.h"
+
+static const char *const reducer_label[] = {
+	"replace", "append", "add", "min", "max", "union", "merge", "and", "or", "concat"
+};
+
+bool
+JsonbIsObject(Jsonb *jb)
+{
+	return JB_ROOT_IS_OBJECT(jb) && !JB_ROOT_IS_SCALAR(jb);
+}
+
+/* The value of a top-level key of an object, or NULL. */
+JsonbValue *
+JsonbField(Jsonb *obj, const char *key)
+{
+	if (!JsonbIsObject(obj))
+		return NULL;
+	return getKeyJsonValueFromContainer(&obj->root, key, strlen(key), NULL);
+}
+
+Jsonb *
+JsonbEmptyObject(void)
+{
+	JsonbParseState *state = NULL;
+
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+}
+
+/* An in-memory array or object as a binary value, so it can be pushed. */
+static JsonbValue *
+AsBinary(JsonbValue *v)
+{
+	JsonbValue *b;
+	Jsonb	   *jb;
+
+	if (v->type != jbvArray && v->type != jbvObject)
+		return v;
+	jb = JsonbValueToJsonb(v);
+	b = palloc(sizeof(JsonbValue));
+	b->type = jbvBinary;
+	b->val.binary.data = &jb->root;
+	b->val.binary.len = VARSIZE(jb) - VARHDRSZ;
+	return b;
+}
+
+static bool
+KeyIn(JsonbValue *key, int nkeys, const char **keys)
+{
+	int			i;
+
+	for (i = 0; i < nkeys; i++)
+		if (key->val.string.len == strlen(keys[i]) &&
+			memcmp(key->val.string.val, keys[i], key->val.string.len) == 0)
+			return true;
+	return false;
+}
+
+static void
+PushKey(JsonbParseState **state, const char *key)
+{
+	JsonbValue	k;
+
+	k.type = jbvString;
+	k.val.string.val = (char *) key;
+	k.val.string.len = strlen(key);
+	pushJsonbValue(state, WJB_KEY, &k);
+}
+
+/* Pushes the pairs of an object, less the listed keys. */
+static void
+PushPairsExcept(JsonbParseState **state, JsonbContainer *obj, int nkeys, const char **keys)
+{
+	JsonbIterator *it = JsonbIteratorInit(obj);
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				v;
+
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		if (tok != WJB_KEY)
+			continue;
+		(void) JsonbIteratorNext(&it, &v, true);
+		if (KeyIn(&k, nkeys, keys))
+			continue;
+		pushJsonbValue(state, WJB_KEY, &k);
+		pushJsonbValue(state, WJB_VALUE, &v);
+	}
+}
+
+/* A copy of an object with the given keys set to the given values. */
+Jsonb *
+JsonbWithKeys(Jsonb *obj, int nkeys, const char **keys, JsonbValue *values)
+{
+	JsonbParseState *state = NULL;
+	int			i;
+
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	PushPairsExcept(&state, &obj->root, nkeys, keys);
+	for (i = 0; i < nkeys; i++)
+	{
+		PushKey(&state, keys[i]);
+		pushJsonbValue(&state, WJB_VALUE, AsBinary(&values[i]));
+	}
+	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+}
+
+/* A copy of an object without the given keys. */
+Jsonb *
+JsonbWithoutKeys(Jsonb *obj, int nkeys, const char **keys)
+{
+	JsonbParseState *state = NULL;
+
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	PushPairsExcept(&state, &obj->root, nkeys, keys);
+	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+}
+
+static const char *
+JsonTypeName(JsonbValue *v)
+{
+	switch (v->type)
+	{
+		case jbvNull:
+			return "null";
+		case jbvString:
+			return "string";
+		case jbvNumeric:
+			return "number";
+		case jbvBool:
+			return "boolean";
+		case jbvBinary:
+			return JsonContainerIsArray(v->val.binary.data) ? "array" : "object";
+		default:
+			return "value";
+	}
+}
+
+static bool
+IsContainer(JsonbValue *v, bool array)
+{
+	return v->type == jbvBinary &&
+		(array ? JsonContainerIsArray(v->val.binary.data) :
+		 JsonContainerIsObject(v->val.binary.data));
+}
+
+static void
+ReducerTypeError(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DATATYPE_MISMATCH),
+			 errmsg("reducer \"%s\" of field \"%s\" cannot combine %s with %s",
+					reducer_label[kind], field, JsonTypeName(old), JsonTypeName(new))));
+}
+
+/* JSON equality of two values, scalars or containers. */
+static bool
+ValuesEqual(JsonbValue *a, JsonbValue *b)
+{
+	if (a->type != b->type)
+		return false;
+	switch (a->type)
+	{
+		case jbvNull:
+			return true;
+		case jbvBool:
+			return a->val.boolean == b->val.boolean;
+		case jbvString:
+			return a->val.string.len == b->val.string.len &&
+				memcmp(a->val.string.val, b->val.string.val, a->val.string.len) == 0;
+		case jbvNumeric:
+			return DatumGetInt32(DirectFunctionCall2(numeric_cmp,
+													 NumericGetDatum(a->val.numeric),
+													 NumericGetDatum(b->val.numeric))) == 0;
+		case jbvBinary:
+			return compareJsonbContainers(a->val.binary.data, b->val.binary.data) == 0;
+		default:
+			return false;
+	}
+}
+
+/* The elements of an array value; a scalar or object counts as one element. */
+static List *
+Elements(JsonbValue *v)
+{
+	List	   *result = NIL;
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	e;
+
+	if (!IsContainer(v, true))
+		return list_make1(v);
+	it = JsonbIteratorInit(v->val.binary.data);
+	while ((tok = JsonbIteratorNext(&it, &e, true)) != WJB_DONE)
+		if (tok == WJB_ELEM)
+		{
+			JsonbValue *copy = palloc(sizeof(JsonbValue));
+
+			*copy = e;
+			result = lappend(result, copy);
+		}
+	return result;
+}
+
+static JsonbValue *
+ArrayOf(List *elems)
+{
+	JsonbParseState *state = NULL;
+	ListCell   *lc;
+
+	pushJsonbValue(&state, WJB_BEGIN_ARRAY, NULL);
+	foreach(lc, elems)
+		pushJsonbValue(&state, WJB_ELEM, lfirst(lc));
+	return AsBinary(pushJsonbValue(&state, WJB_END_ARRAY, NULL));
+}
+
+static int
+CompareScalars(ReducerKind kind, const char *field, JsonbValue *a, JsonbValue *b)
+{
+	if (a->type == jbvNumeric && b->type == jbvNumeric)
+		return DatumGetInt32(DirectFunctionCall2(numeric_cmp,
+												 NumericGetDatum(a->val.numeric),
+												 NumericGetDatum(b->val.numeric)));
+	if (a->type == jbvString && b->type == jbvString)
+		return varstr_cmp(a->val.string.val, a->val.string.len,
+						  b->val.string.val, b->val.string.len, C_COLLATION_OID);
+	ReducerTypeError(kind, field, a, b);
+	return 0;
+}
+
+/*
+ * Combines a field's old value (NULL when absent) with a change.  Returns
+ * NULL when the field should be absent afterwards.
+ */
+static JsonbValue *
+Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
+{
+	JsonbValue *result;
+
+	if (new->type == jbvNull)
+		return kind == RED_REPLACE ? NULL : old;
+	if (kind == RED_REPLACE)
+		return new;
+	if (old == NULL || old->type == jbvNull)
+	{
+		if (kind == RED_APPEND)
+			return ArrayOf(list_make1(new));
+		if (kind == RED_UNION)
+			old = ArrayOf(NIL);
+		else
+			return new;
+	}
+
+	result = palloc(sizeof(JsonbValue));
+	switch (kind)
+	{
+		case RED_APPEND:
+			return ArrayOf(lappend(Elements(old), new));
+		case RED_CONCAT:
+			if (old->type == jbvString && new->type == jbvString)
+			{
+				result->type = jbvString;
+				result->val.string.len = old->val.string.len + new->val.string.len;
+				result->val.string.val = palloc(result->val.string.len + 1);
+				memcpy(result->val.string.val, old->val.string.val, old->val.string.len);
+				memcpy(result->val.string.val + old->val.string.len,
+					   new->val.string.val, new->val.string.len);
+				return result;
+			}
+			if (!IsContainer(old, true))
+				ReducerTypeError(kind, field, old, new);
+			return ArrayOf(list_concat(Elements(old), Elements(new)));
+		case RED_UNION:
+			{
+				List	   *elems;
+				ListCell   *lc;
+
+				if (!IsContainer(old, true))
+					ReducerTypeError(kind, field, old, new);
+				elems = Elements(old);
+				foreach(lc, Elements(new))
+				{
+					ListCell   *lc2;
+					bool		present = false;
+
+					foreach(lc2, elems)
+						if (ValuesEqual(lfirst(lc), lfirst(lc2)))
+							present = true;
+					if (!present)
+						elems = lappend(elems, lfirst(lc));
+				}
+				return ArrayOf(elems);
+			}
+		case RED_ADD:
+			if (old->type != jbvNumeric || new->type != jbvNumeric)
+				ReducerTypeError(kind, field, old, new);
+			result->type = jbvNumeric;
+			result->val.numeric =
+				DatumGetNumeric(DirectFunctionCall2(numeric_add,
+													NumericGetDatum(old->val.numeric),
+													NumericGetDatum(new->val.numeric)));
+			return result;
+		case RED_MIN:
+			return CompareScalars(kind, field, old, new) <= 0 ? old : new;
+		case RED_MAX:
+			return CompareScalars(kind, field, old, new) >= 0 ? old : new;
+		case RED_AND:
+		case RED_OR:
+			if (old->type != jbvBool || new->type != jbvBool)
+				ReducerTypeError(kind, field, old, new);
+			result->type = jbvBool;
+			result->val.boolean = kind == RED_AND ?
+				(old->val.boolean && new->val.boolean) :
+				(old->val.boolean || new->val.boolean);
+			return result;
+		case RED_MERGE:
+			{
+				JsonbParseState *state = NULL;
+
+				if (!IsContainer(old, false) || !IsContainer(new, false))
+					ReducerTypeError(kind, field, old, new);
+				pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+				PushPairsExcept(&state, old->val.binary.data, 0, NULL);
+				PushPairsExcept(&state, new->val.binary.data, 0, NULL);
+				return AsBinary(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+			}
+		case RED_REPLACE:
+			break;
+	}
+	return new;
+}
+
+static ReducerKind
+ReducerFor(Reducer *reducers, int nreducers, JsonbValue *key)
+{
+	int			i;
+
+	for (i = 0; i < nreducers; i++)
+		if (strlen(reducers[i].field) == key->val.string.len &&
+			memcmp(reducers[i].field, key->val.string.val, key->val.string.len) == 0)
+			return reducers[i].kind;
+	return RED_REPLACE;
+}
+
+/*
+ * The state after a step: each changed field combined with its old value by
+ * its reducer.  Returns state itself when there is nothing to change.
+ */
+Jsonb *
+MergeChanges(Jsonb *state, Jsonb *changes, Reducer *reducers, int nreducers)
+{
+	JsonbParseState *ps = NULL;
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				v;
+	int			nchanges = JsonContainerSize(&changes->root);
+	JsonbValue *ckeys,
+			   *cvals;
+	bool	   *used;
+	int			n = 0,
+				i;
+
+	if (nchanges == 0)
+		return state;
+
+	ckeys = palloc(sizeof(JsonbValue) * nchanges);
+	cvals = palloc(sizeof(JsonbValue) * nchanges);
+	used = palloc0(sizeof(bool) * nchanges);
+	it = JsonbIteratorInit(&changes->root);
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		if (tok != WJB_KEY)
+			continue;
+		ckeys[n] = k;
+		(void) JsonbIteratorNext(&it, &cvals[n], true);
+		n++;
+	}
+
+	pushJsonbValue(&ps, WJB_BEGIN_OBJECT, NULL);
+	it = JsonbIteratorInit(&state->root);
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		JsonbValue *result = NULL;
+
+		if (tok != WJB_KEY)
+			continue;
+		(void) JsonbIteratorNext(&it, &v, true);
+		for (i = 0; i < n; i++)
+			if (!used[i] && ckeys[i].val.string.len == k.val.string.len &&
+				memcmp(ckeys[i].val.string.val, k.val.string.val, k.val.string.len) == 0)
+				break;
+		if (i == n)
+			result = &v;
+		else
+		{
+			char	   *field = pnstrdup(k.val.string.val, k.val.string.len);
+
+			used[i] = true;
+			result = Reduce(ReducerFor(reducers, nreducers, &k), field, &v, &cvals[i]);
+		}
+		if (result)
+		{
+			pushJsonbValue(&ps, WJB_KEY, &k);
+			pushJsonbValue(&ps, WJB_VALUE, result);
+		}
+	}
+	for (i = 0; i < n; i++)
+	{
+		JsonbValue *result;
+
+		if (used[i])
+			continue;
+		result = Reduce(ReducerFor(reducers, nreducers, &ckeys[i]),
+						pnstrdup(ckeys[i].val.string.val, ckeys[i].val.string.len),
+						NULL, &cvals[i]);
+		if (result)
+		{
+			pushJsonbValue(&ps, WJB_KEY, &ckeys[i]);
+			pushJsonbValue(&ps, WJB_VALUE, result);
+		}
+	}
+	return JsonbValueToJsonb(pushJsonbValue(&ps, WJB_END_OBJECT, NULL));
+}
+
+PG_FUNCTION_INFO_V1(dwarf_fold_changes);
+
+/*
+ * dwarf.fold_changes(input, changes[], reducers): input with each change
+ * merged in order.  dwarf.snapshot uses it for a running flow's state.
+ */
+Datum
+dwarf_fold_changes(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *state;
+	Reducer    *reducers = NULL;
+	int			nreducers = 0;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			nelems,
+				i;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	state = PG_GETARG_JSONB_P(0);
+	if (PG_ARGISNULL(1))
+		PG_RETURN_JSONB_P(state);
+	if (!PG_ARGISNULL(2))
+	{
+		Jsonb	   *r = PG_GETARG_JSONB_P(2);
+		JsonbValue	rv;
+
+		if (!JsonbIsObject(r))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("reducers must be a JSON object")));
+		rv.type = jbvBinary;
+		rv.val.binary.data = &r->root;
+		rv.val.binary.len = VARSIZE(r) - VARHDRSZ;
+		reducers = ReducersParse(&rv, &nreducers);
+	}
+	if (!JsonbIsObject(state))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a flow state must be a JSON object")));
+
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), JSONBOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, &nelems);
+	for (i = 0; i < nelems; i++)
+	{
+		Jsonb	   *changes;
+
+		if (nulls[i])
+			continue;
+		changes = DatumGetJsonbP(elems[i]);
+		if (JsonbIsObject(changes))
+			state = MergeChanges(state, changes, reducers, nreducers);
+	}
+	PG_RETURN_JSONB_P(state);
+}

@@ -1,0 +1,1085 @@
+/*
+ * worker.c
+ *		A dwarf worker: owns the flows of one database whose id maps to it,
+ *		keeps them in memory, and runs their ready steps in batches, one
+ *		transaction (one WAL flush) per batch.
+ *
+ * Per step the worker calls the task through fmgr with a cached FmgrInfo,
+ * as the flow's owner, appends one dwarf.step row and moves the flow on in
+ * memory.  The flow row is written only when the flow closes.  Successors
+ * become runnable only once the batch has committed.
+ *
+ * A batch first runs optimistically with no subtransactions.  If anything in
+ * it fails, the transaction is rolled back, the flows it touched are
+ * reloaded from the tables, and the next batch runs each step in its own
+ * subtransaction (at most DWARF_MAX_ISOLATED_BATCH of them), so a failing
+ * task fails only its own step.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+
+/* A runnable token in the ready queue: lower priority first, then FIFO. */
+typedef struct ReadyEntry
+{
+	pairingheap_node ph;
+	int64		flow_id;
+	int			token_id;
+	int32		priority;
+	uint64		seq;
+} ReadyEntry;
+
+typedef struct GraphEntry
+{
+	int			id;				/* hash key */
+	Graph	   *graph;
+} GraphEntry;
+
+/* A flow to load: from a note, a run request or a table scan. */
+typedef struct LoadItem
+{
+	int64		flow_id;
+	bool		replay;			/* it may have steps already */
+} LoadItem;
+
+static DwarfWorkerSlot *MySlot = NULL;
+static int	MySlotNo = -1;
+
+static MemoryContext WorkerContext;	/* flows, graphs, queue entries */
+static MemoryContext BatchContext;	/* reset after each batch */
+static HTAB *Flows = NULL;
+static HTAB *Graphs = NULL;
+static pairingheap *Ready = NULL;
+static uint64 ReadySeq = 0;
+static int64 ReadyCount = 0;
+
+static List *ToLoad = NIL;		/* LoadItems */
+static bool FullScan = true;
+static bool IsolateNext = false;
+
+static SPIPlanPtr InsertStepPlan = NULL;
+static SPIPlanPtr CloseFlowPlan = NULL;
+static SPIPlanPtr LoadFlowsPlan = NULL;
+static SPIPlanPtr ScanFlowsPlan = NULL;
+static SPIPlanPtr LoadStepsPlan = NULL;
+static SPIPlanPtr LoadGraphPlan = NULL;
+static SPIPlanPtr InsertFlowPlan = NULL;
+static SPIPlanPtr FindKeyPlan = NULL;
+
+/* ---------- the ready queue ---------- */
+
+static int
+ReadyCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
+{
+	const ReadyEntry *x = pairingheap_const_container(ReadyEntry, ph, a);
+	const ReadyEntry *y = pairingheap_const_container(ReadyEntry, ph, b);
+
+	if (x->priority != y->priority)
+		return x->priority < y->priority ? 1 : -1;
+	return x->seq < y->seq ? 1 : (x->seq > y->seq ? -1 : 0);
+}
+
+/* Queues every token of a running flow that can run and is not queued yet. */
+static void
+EnqueueRunnable(FlowRun *flow)
+{
+	ListCell   *lc;
+
+	if (flow->status != FLOW_RUNNING)
+		return;
+	foreach(lc, flow->tokens)
+	{
+		Token	   *token = lfirst(lc);
+		ReadyEntry *entry;
+
+		if (token->queued || token->running)
+			continue;
+		entry = MemoryContextAlloc(WorkerContext, sizeof(ReadyEntry));
+		entry->flow_id = flow->id;
+		entry->token_id = token->id;
+		entry->priority = flow->priority;
+		entry->seq = ReadySeq++;
+		pairingheap_add(Ready, &entry->ph);
+		token->queued = true;
+		ReadyCount++;
+	}
+}
+
+/* ---------- plans and graphs ---------- */
+
+static SPIPlanPtr
+Prepare(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "dwarf: SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+/* Prepares the worker's statements once; they stay for the worker's life. */
+static void
+PreparePlans(void)
+{
+	Oid			step_types[10] = {INT8OID, INT4OID, TEXTOID, TEXTOID, INT4OID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID, JSONBOID, TEXTOID, JSONBOID};
+	Oid			close_types[4] = {INT8OID, TEXTOID, JSONBOID, TEXTOID};
+	Oid			ids_type[1] = {INT8ARRAYOID};
+	Oid			scan_types[2] = {INT4OID, INT4OID};
+	Oid			int8_type[1] = {INT8OID};
+	Oid			int4_type[1] = {INT4OID};
+	Oid			flow_types[6] = {INT8OID, INT4OID, OIDOID, INT4OID, TEXTOID, JSONBOID};
+	Oid			key_types[2] = {OIDOID, TEXTOID};
+
+	if (InsertStepPlan != NULL)
+		return;
+	InsertStepPlan = Prepare(
+		"INSERT INTO dwarf.step (flow_id, step_id, token, task, status, attempt,"
+		" started_at, finished_at, changes, goto_task, error)"
+		" VALUES ($1, nextval('dwarf.step_seq'), $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+		10, step_types);
+	CloseFlowPlan = Prepare(
+		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = now()"
+		" WHERE id = $1 AND status = 'running'",
+		4, close_types);
+	LoadFlowsPlan = Prepare(
+		"SELECT id, graph_id, owner::oid, priority, input FROM dwarf.flow"
+		" WHERE id = ANY($1) AND status = 'running'",
+		1, ids_type);
+	ScanFlowsPlan = Prepare(
+		"SELECT id FROM dwarf.flow WHERE status = 'running'"
+		" AND ((id & 281474976710655) % $1) = $2",
+		2, scan_types);
+	LoadStepsPlan = Prepare(
+		"SELECT token, task, status, changes, goto_task, error FROM dwarf.step"
+		" WHERE flow_id = $1 ORDER BY step_id",
+		1, int8_type);
+	LoadGraphPlan = Prepare(
+		"SELECT definition FROM dwarf.graph WHERE id = $1",
+		1, int4_type);
+	InsertFlowPlan = Prepare(
+		"INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input)"
+		" VALUES ($1, $2, $3::regrole, $4, $5, $6)"
+		" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+		" RETURNING id",
+		6, flow_types);
+	FindKeyPlan = Prepare(
+		"SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
+		2, key_types);
+}
+
+/* A compiled graph version, from the cache or the table. */
+static Graph *
+GetGraph(int graph_id)
+{
+	GraphEntry *entry;
+	bool		found;
+	Datum		arg = Int32GetDatum(graph_id);
+	bool		isnull;
+	Datum		def;
+
+	entry = hash_search(Graphs, &graph_id, HASH_ENTER, &found);
+	if (found)
+		return entry->graph;
+	entry->graph = NULL;
+
+	if (SPI_execute_plan(LoadGraphPlan, &arg, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+	{
+		hash_search(Graphs, &graph_id, HASH_REMOVE, NULL);
+		elog(ERROR, "dwarf: graph %d does not exist", graph_id);
+	}
+	def = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	PG_TRY();
+	{
+		entry->graph = GraphParse(DatumGetJsonbP(def), WorkerContext, false);
+	}
+	PG_CATCH();
+	{
+		hash_search(Graphs, &graph_id, HASH_REMOVE, NULL);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	entry->graph->id = graph_id;
+	return entry->graph;
+}
+
+/* A function was created, replaced or dropped: look the tasks up again. */
+static void
+ProcInvalidated(Datum arg, int cacheid, uint32 hashvalue)
+{
+	HASH_SEQ_STATUS status;
+	GraphEntry *entry;
+
+	if (Graphs == NULL)
+		return;
+	hash_seq_init(&status, Graphs);
+	while ((entry = hash_seq_search(&status)) != NULL)
+		if (entry->graph)
+			entry->graph->prepared = false;
+}
+
+/* ---------- loading flows ---------- */
+
+static void
+DropFlow(FlowRun *flow)
+{
+	int64		id = flow->id;
+
+	FlowRunFree(flow);
+	hash_search(Flows, &id, HASH_REMOVE, NULL);
+}
+
+static void
+NoteLoad(int64 flow_id, bool replay)
+{
+	MemoryContext old = MemoryContextSwitchTo(WorkerContext);
+	LoadItem   *item = palloc(sizeof(LoadItem));
+
+	item->flow_id = flow_id;
+	item->replay = replay;
+	ToLoad = lappend(ToLoad, item);
+	MemoryContextSwitchTo(old);
+}
+
+/* Replays a flow's recorded steps, in order, to rebuild where it stands. */
+static void
+ReplaySteps(FlowRun *flow)
+{
+	Datum		arg = Int64GetDatum(flow->id);
+	uint64		i;
+	SPITupleTable *tuptable;
+
+	if (SPI_execute_plan(LoadStepsPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read the steps of flow " INT64_FORMAT, flow->id);
+	tuptable = SPI_tuptable;
+	for (i = 0; i < SPI_processed && flow->status == FLOW_RUNNING; i++)
+	{
+		HeapTuple	tup = tuptable->vals[i];
+		TupleDesc	desc = tuptable->tupdesc;
+		bool		isnull;
+		int			token_id = DatumGetInt32(SPI_getbinval(tup, desc, 1, &isnull));
+		char	   *status = SPI_getvalue(tup, desc, 3);
+		char	   *goto_task = SPI_getvalue(tup, desc, 5);
+		Token	   *token = FlowFindToken(flow, token_id);
+		StepOutcome outcome = {0};
+		Datum		d;
+
+		if (token == NULL)
+		{
+			ereport(WARNING,
+					(errmsg("dwarf: step %llu of flow " INT64_FORMAT " names token %d, which the graph never made",
+							(unsigned long long) i, flow->id, token_id)));
+			break;
+		}
+		outcome.ok = strcmp(status, "completed") == 0;
+		outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
+		d = SPI_getbinval(tup, desc, 4, &isnull);
+		outcome.changes = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
+		d = SPI_getbinval(tup, desc, 6, &isnull);
+		outcome.error = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
+		FlowAdvance(flow, token, &outcome);
+	}
+}
+
+/* Writes a closed flow's row: its status, final state and error. */
+static void
+WriteClose(FlowRun *flow)
+{
+	Datum		args[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+
+	args[0] = Int64GetDatum(flow->id);
+	args[1] = CStringGetTextDatum(flow->status == FLOW_COMPLETED ? "completed" : "failed");
+	if (flow->final_state)
+		args[2] = JsonbPGetDatum(flow->final_state);
+	else
+		nulls[2] = 'n';
+	if (flow->error)
+		args[3] = CStringGetTextDatum(flow->error);
+	else
+		nulls[3] = 'n';
+	if (SPI_execute_plan(CloseFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not close flow " INT64_FORMAT, flow->id);
+}
+
+/*
+ * Puts a flow in memory from its row (and, with replay, its steps).
+ * Returns the flow, or NULL when the row is not a running flow of ours.
+ */
+static FlowRun *
+AddFlow(int64 id, int graph_id, Oid owner, int32 priority, Jsonb *input, bool replay)
+{
+	bool		found;
+	FlowRun    *flow;
+	Graph	   *graph = GetGraph(graph_id);
+
+	flow = hash_search(Flows, &id, HASH_ENTER, &found);
+	if (found)
+		return flow;
+	FlowRunCreate(flow, graph, input, WorkerContext);
+	flow->owner = owner;
+	flow->priority = priority;
+	if (replay)
+		ReplaySteps(flow);
+	pg_atomic_fetch_add_u64(&MySlot->flows_loaded, 1);
+	return flow;
+}
+
+/* Loads the flows listed in ToLoad (and all of ours after a full scan). */
+static void
+LoadFlows(void)
+{
+	List	   *items = ToLoad;
+	List	   *closed = NIL;
+	ListCell   *lc;
+	Datum	   *ids;
+	int			n = 0;
+	bool		any_replay = false;
+
+	ToLoad = NIL;
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: loading flows");
+	PreparePlans();
+
+	if (FullScan)
+	{
+		Datum		args[2] = {Int32GetDatum(dwarf_workers), Int32GetDatum(MySlot->index)};
+		uint64		i;
+
+		FullScan = false;
+		if (SPI_execute_plan(ScanFlowsPlan, args, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not scan dwarf.flow");
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														 SPI_tuptable->tupdesc, 1, &isnull));
+
+			if (hash_search(Flows, &id, HASH_FIND, NULL) == NULL)
+				NoteLoad(id, true);
+		}
+		items = list_concat(items, ToLoad);
+		ToLoad = NIL;
+	}
+
+	ids = palloc(sizeof(Datum) * Max(list_length(items), 1));
+	foreach(lc, items)
+	{
+		LoadItem   *item = lfirst(lc);
+
+		if (hash_search(Flows, &item->flow_id, HASH_FIND, NULL) != NULL)
+			continue;
+		ids[n++] = Int64GetDatum(item->flow_id);
+		any_replay |= item->replay;
+	}
+
+	if (n > 0)
+	{
+		Datum		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+		SPITupleTable *tuptable;
+		uint64		i,
+					count;
+
+		if (SPI_execute_plan(LoadFlowsPlan, &arg, NULL, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not load flows");
+		tuptable = SPI_tuptable;
+		count = SPI_processed;
+		for (i = 0; i < count; i++)
+		{
+			HeapTuple	tup = tuptable->vals[i];
+			TupleDesc	desc = tuptable->tupdesc;
+			bool		isnull;
+			FlowRun    *flow;
+
+			flow = AddFlow(DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull)),
+						   DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)),
+						   DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull)),
+						   DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)),
+						   DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)),
+						   any_replay);
+			if (flow->status != FLOW_RUNNING)
+			{
+				WriteClose(flow);
+				closed = lappend(closed, flow);
+			}
+		}
+	}
+
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+
+	foreach(lc, closed)
+	{
+		FlowRun    *flow = lfirst(lc);
+		int64		id = flow->id;
+
+		DwarfWakeWaiters(&id, 1);
+		DropFlow(flow);
+	}
+	foreach(lc, items)
+	{
+		LoadItem   *item = lfirst(lc);
+		FlowRun    *flow = hash_search(Flows, &item->flow_id, HASH_FIND, NULL);
+
+		if (flow)
+			EnqueueRunnable(flow);
+	}
+	list_free_deep(items);
+}
+
+/* ---------- dwarf.run's create requests ---------- */
+
+typedef struct Created
+{
+	int			procno;
+	int64		flow_id;
+	bool		is_new;
+	int32		graph_id;
+	Oid			owner;
+	int32		priority;
+	Jsonb	   *input;
+} Created;
+
+static void
+AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, const char *msg)
+{
+	DwarfRequest *req = &Dwarf->requests[procno];
+
+	SpinLockAcquire(&req->mutex);
+	if (req->state == REQ_SUBMITTED)
+	{
+		req->state = state;
+		req->flow_id = flow_id;
+		strlcpy(req->errmsg, msg ? msg : "", sizeof(req->errmsg));
+	}
+	SpinLockRelease(&req->mutex);
+	SetLatch(&ProcGlobal->allProcs[procno].procLatch);
+}
+
+/* Inserts one request's flow; idempotency key conflicts find the first flow. */
+static void
+InsertRequestedFlow(RunRequest *r, Created *c)
+{
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Jsonb	   *input = (Jsonb *) (r->data + r->keylen);
+	bool		isnull;
+
+	args[0] = Int64GetDatum(r->flow_id);
+	args[1] = Int32GetDatum(r->graph_id);
+	args[2] = ObjectIdGetDatum(r->owner);
+	args[3] = Int32GetDatum(r->priority);
+	if (r->keylen > 0)
+		args[4] = PointerGetDatum(cstring_to_text_with_len(r->data, r->keylen));
+	else
+		nulls[4] = 'n';
+	args[5] = JsonbPGetDatum(input);
+
+	if (SPI_execute_plan(InsertFlowPlan, args, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "dwarf: could not insert a flow");
+	c->is_new = SPI_processed == 1;
+	if (!c->is_new)
+	{
+		Datum		keyargs[2] = {args[2], args[4]};
+
+		if (SPI_execute_plan(FindKeyPlan, keyargs, NULL, false, 1) != SPI_OK_SELECT ||
+			SPI_processed != 1)
+			elog(ERROR, "dwarf: flow with idempotency key vanished");
+	}
+	c->flow_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+	c->graph_id = r->graph_id;
+	c->owner = r->owner;
+	c->priority = r->priority;
+	c->input = (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input));
+}
+
+/*
+ * Commits the flows that dwarf.run callers handed over, all in one
+ * transaction, then tells each caller its flow id.  The new flows are ours
+ * (callers pick the owning worker), so they go straight into memory.
+ */
+static void
+ProcessRunRequests(List *procnos)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	List	   *volatile created = NIL;
+	ListCell   *lc;
+
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	PreparePlans();
+	PG_TRY();
+	{
+		foreach(lc, procnos)
+		{
+			int			procno = lfirst_int(lc);
+			DwarfRequest *req = &Dwarf->requests[procno];
+			dsm_handle	handle;
+			dsm_segment *seg;
+			Created    *c;
+
+			SpinLockAcquire(&req->mutex);
+			handle = req->state == REQ_SUBMITTED ? req->handle : DSM_HANDLE_INVALID;
+			SpinLockRelease(&req->mutex);
+			if (handle == DSM_HANDLE_INVALID || (seg = dsm_attach(handle)) == NULL)
+				continue;		/* the caller gave up */
+
+			c = MemoryContextAllocZero(cxt, sizeof(Created));
+			c->procno = procno;
+			{
+				MemoryContext old = MemoryContextSwitchTo(cxt);
+
+				InsertRequestedFlow(dsm_segment_address(seg), c);
+				created = lappend(created, c);
+				MemoryContextSwitchTo(old);
+				(void) GetGraph(c->graph_id);	/* cached for AddFlow below */
+			}
+			dsm_detach(seg);
+		}
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		ereport(LOG,
+				(errmsg("dwarf: could not create requested flows: %s", edata->message)));
+		foreach(lc, procnos)
+			AnswerRequest(lfirst_int(lc), REQ_FAILED, 0, edata->message);
+		return;
+	}
+	PG_END_TRY();
+
+	foreach(lc, created)
+	{
+		Created    *c = lfirst(lc);
+
+		if (c->is_new && DwarfWorkerOf(c->flow_id) == MySlot->index)
+			EnqueueRunnable(AddFlow(c->flow_id, c->graph_id, c->owner, c->priority,
+									c->input, false));
+		AnswerRequest(c->procno, REQ_DONE, c->flow_id, NULL);
+	}
+}
+
+/* ---------- running steps ---------- */
+
+/*
+ * Calls a task's function on state as the flow's owner, with the step's
+ * context set for dwarf.goto and friends.  Returns the task's changes.
+ */
+static Jsonb *
+CallTask(FlowRun *flow, Token *token, StepContext *ctx)
+{
+	Graph	   *graph = flow->graph;
+	GraphNode	   *node = &graph->nodes[token->node];
+	LOCAL_FCINFO(fcinfo, 1);
+	Oid			save_user;
+	int			save_sec;
+	int			nest;
+	Datum		result;
+	Jsonb	   *changes;
+
+	if (!OidIsValid(node->fn))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("function %s of task \"%s\" does not exist", node->fn_name, node->name)));
+	if (!graph->prepared)
+		GraphPrepareCalls(graph);
+	if (pg_proc_aclcheck(node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied for function %s of task \"%s\"",
+						node->fn_name, node->name),
+				 errdetail("The flow runs as role %s.", GetUserNameFromId(flow->owner, true))));
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(flow->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	nest = NewGUCNestLevel();
+	DwarfCurrentStep = ctx;
+
+	InitFunctionCallInfoData(*fcinfo, &node->flinfo, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = JsonbPGetDatum(token->state);
+	fcinfo->args[0].isnull = false;
+	result = FunctionCallInvoke(fcinfo);
+
+	DwarfCurrentStep = NULL;
+	AtEOXact_GUC(true, nest);
+	SetUserIdAndSecContext(save_user, save_sec);
+
+	if (fcinfo->isnull)
+		return JsonbEmptyObject();
+	changes = DatumGetJsonbP(result);
+	if (!JsonbIsObject(changes))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("task \"%s\" returned a JSON value that is not an object", node->name),
+				 errhint("A task returns its changes as a JSON object, or NULL for none.")));
+	return changes;
+}
+
+/* The error document a failed step records: what onErr holds for a handler. */
+static Jsonb *
+ErrorDocument(ErrorData *edata, const char *task)
+{
+	const char *keys[5] = {"message", "sqlstate", "detail", "hint", "task"};
+	const char *vals[5];
+	JsonbValue	values[5];
+	int			i;
+
+	vals[0] = edata->message ? edata->message : "unknown error";
+	vals[1] = unpack_sql_state(edata->sqlerrcode);
+	vals[2] = edata->detail;
+	vals[3] = edata->hint;
+	vals[4] = task;
+	for (i = 0; i < 5; i++)
+	{
+		if (vals[i] == NULL)
+			values[i].type = jbvNull;
+		else
+		{
+			values[i].type = jbvString;
+			values[i].val.string.val = (char *) vals[i];
+			values[i].val.string.len = strlen(vals[i]);
+		}
+	}
+	return JsonbWithKeys(JsonbEmptyObject(), 5, keys, values);
+}
+
+/* Appends the step's row to dwarf.step, in the batch's transaction. */
+static void
+RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outcome,
+		   TimestampTz started, TimestampTz finished)
+{
+	Graph	   *graph = flow->graph;
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+
+	args[0] = Int64GetDatum(flow->id);
+	args[1] = Int32GetDatum(token_id);
+	args[2] = CStringGetTextDatum(graph->nodes[node].name);
+	args[3] = CStringGetTextDatum(outcome->ok ? "completed" : "failed");
+	args[4] = Int32GetDatum(attempt);
+	args[5] = TimestampTzGetDatum(started);
+	args[6] = TimestampTzGetDatum(finished);
+	if (outcome->ok)
+	{
+		args[7] = JsonbPGetDatum(outcome->changes);
+		nulls[9] = 'n';
+	}
+	else
+	{
+		nulls[7] = 'n';
+		args[9] = JsonbPGetDatum(outcome->error);
+	}
+	if (outcome->ok && outcome->goto_node >= 0)
+		args[8] = CStringGetTextDatum(graph->nodes[outcome->goto_node].name);
+	else
+		nulls[8] = 'n';
+
+	if (SPI_execute_plan(InsertStepPlan, args, nulls, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "dwarf: could not record a step of flow " INT64_FORMAT, flow->id);
+}
+
+/*
+ * Runs one step.  Isolated, the task and the transition run in a
+ * subtransaction, and an error there becomes the step's outcome; otherwise
+ * an error aborts the whole batch.  Returns the flow when an error left its
+ * memory half moved on (the caller reloads it), else NULL.
+ */
+static FlowRun *
+RunStep(FlowRun *flow, Token *token, bool isolated)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	StepContext ctx = {flow, token, -1};
+	StepOutcome outcome = {0};
+	TimestampTz started = GetCurrentTimestamp();
+	int			token_id = token->id;
+	int			node = token->node;
+	int			attempt = token->attempt;
+	bool		advancing = false;
+	FlowRun    *broken = NULL;
+
+	if (isolated)
+		BeginInternalSubTransaction(NULL);
+	PG_TRY();
+	{
+		outcome.changes = CallTask(flow, token, &ctx);
+		outcome.ok = true;
+		outcome.goto_node = ctx.goto_node;
+		advancing = true;
+		FlowAdvance(flow, token, &outcome);
+		if (isolated)
+		{
+			ReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+		}
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		DwarfCurrentStep = NULL;
+		if (!isolated)
+			PG_RE_THROW();
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+
+		outcome.ok = false;
+		outcome.changes = NULL;
+		outcome.goto_node = -1;
+		outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
+		if (advancing)
+			broken = flow;
+		else
+			FlowAdvance(flow, token, &outcome);
+		pg_atomic_fetch_add_u64(&MySlot->steps_failed, 1);
+	}
+	PG_END_TRY();
+
+	RecordStep(flow, token_id, node, attempt, &outcome, started, GetCurrentTimestamp());
+	return broken;
+}
+
+/* ---------- batches ---------- */
+
+/* Pops up to max runnable tokens, skipping entries whose flow moved on. */
+static List *
+PopBatch(int max)
+{
+	List	   *batch = NIL;
+
+	while (list_length(batch) < max && !pairingheap_is_empty(Ready))
+	{
+		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
+												  pairingheap_remove_first(Ready));
+		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+
+		ReadyCount--;
+		if (token && token->queued && flow->status == FLOW_RUNNING)
+		{
+			token->queued = false;
+			token->running = true;
+			batch = lappend(batch, entry);
+		}
+		else
+			pfree(entry);
+	}
+	return batch;
+}
+
+/*
+ * Runs one batch of ready steps in one transaction.  After the commit, the
+ * steps' successors are queued, closed flows are dropped from memory, and
+ * whoever awaits them is woken.
+ */
+static void
+RunBatch(void)
+{
+	bool		isolated = IsolateNext;
+	List	   *volatile batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
+								 : dwarf_batch_size);
+	List	   *broken = NIL;	/* entries whose flow must be reloaded */
+	int			ran = 0;
+	int64	   *closed;
+	int			nclosed = 0;
+	ListCell   *lc;
+
+	IsolateNext = false;
+	if (batch == NIL)
+		return;
+
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: running a batch");
+	PreparePlans();
+
+	PG_TRY();
+	{
+		foreach(lc, batch)
+		{
+			ReadyEntry *entry = lfirst(lc);
+			FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+			Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+			FlowRun    *bad;
+
+			if (token == NULL || flow->status != FLOW_RUNNING)
+				continue;		/* its flow closed or broke earlier in the batch */
+			bad = RunStep(flow, token, isolated);
+			ran++;
+			token = FlowFindToken(flow, entry->token_id);
+			if (token)
+				token->running = false;
+			if (bad)
+			{
+				broken = lappend(broken, entry);
+				DropFlow(bad);
+				continue;
+			}
+			if (flow->status != FLOW_RUNNING)
+				WriteClose(flow);
+		}
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(BatchContext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		DwarfCurrentStep = NULL;
+		pgstat_report_activity(STATE_IDLE, NULL);
+		if (isolated)
+			ereport(ERROR,
+					(errmsg("dwarf: a batch failed outside its tasks: %s", edata->message)));
+		ereport(DEBUG1,
+				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
+						list_length(batch), edata->message)));
+		pg_atomic_fetch_add_u64(&MySlot->aborted_batches, 1);
+
+		/* The tables are the truth: reload every flow the batch touched. */
+		foreach(lc, batch)
+		{
+			ReadyEntry *entry = lfirst(lc);
+			FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+
+			if (flow)
+			{
+				DropFlow(flow);
+				NoteLoad(entry->flow_id, true);
+			}
+			pfree(entry);
+		}
+		IsolateNext = true;
+		return;
+	}
+	PG_END_TRY();
+	pgstat_report_activity(STATE_IDLE, NULL);
+
+	closed = palloc(sizeof(int64) * list_length(batch));
+	foreach(lc, batch)
+	{
+		ReadyEntry *entry = lfirst(lc);
+		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+
+		if (flow == NULL)
+			continue;			/* closed above, or broken */
+		if (flow->status != FLOW_RUNNING)
+		{
+			closed[nclosed++] = flow->id;
+			pg_atomic_fetch_add_u64(&MySlot->flows_closed, 1);
+			DropFlow(flow);
+		}
+		else
+			EnqueueRunnable(flow);
+	}
+	foreach(lc, broken)
+		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
+	pg_atomic_fetch_add_u64(&MySlot->steps, ran);
+	DwarfWakeWaiters(closed, nclosed);
+	pg_atomic_fetch_add_u64(&MySlot->batches, 1);
+	list_free_deep(batch);
+}
+
+/* ---------- notes and the main loop ---------- */
+
+/*
+ * Takes the notes queued for this worker: flows to load or reload, and
+ * dwarf.run callers waiting for their create.  Returns whether any came.
+ */
+static bool
+DrainNotes(List **requests)
+{
+	DwarfNote	notes[256];
+	int			n,
+				i;
+	bool		any = false;
+
+	do
+	{
+		SpinLockAcquire(&MySlot->mutex);
+		n = 0;
+		while (MySlot->head != MySlot->tail && n < lengthof(notes))
+			notes[n++] = MySlot->ring[MySlot->head++ % DWARF_RING_SIZE];
+		if (MySlot->overflow)
+		{
+			MySlot->overflow = false;
+			FullScan = true;
+		}
+		SpinLockRelease(&MySlot->mutex);
+
+		for (i = 0; i < n; i++)
+		{
+			FlowRun    *flow;
+
+			any = true;
+			switch ((DwarfNoteKind) notes[i].kind)
+			{
+				case NOTE_NEW_FLOW:
+					if (hash_search(Flows, &notes[i].flow_id, HASH_FIND, NULL) == NULL)
+						NoteLoad(notes[i].flow_id, false);
+					break;
+				case NOTE_RELOAD_FLOW:
+					flow = hash_search(Flows, &notes[i].flow_id, HASH_FIND, NULL);
+					if (flow)
+						DropFlow(flow);
+					NoteLoad(notes[i].flow_id, true);
+					break;
+				case NOTE_RUN_REQUEST:
+					*requests = lappend_int(*requests, (int) notes[i].flow_id);
+					break;
+			}
+		}
+	} while (n == lengthof(notes));
+	return any || FullScan;
+}
+
+/* Exits quietly, for the launcher to see, when dwarf is not installed here. */
+static void
+ExitIfNotInstalled(void)
+{
+	bool		installed;
+
+	StartTransactionCommand();
+	installed = OidIsValid(get_extension_oid("dwarf", true));
+	CommitTransactionCommand();
+	if (!installed)
+	{
+		MySlot->no_extension = true;
+		proc_exit(0);
+	}
+}
+
+static void
+WorkerShutdown(int code, Datum arg)
+{
+	SpinLockAcquire(&MySlot->mutex);
+	MySlot->latch = NULL;
+	MySlot->pid = 0;
+	SpinLockRelease(&MySlot->mutex);
+}
+
+/*
+ * Entry point of a dwarf worker.  bgw_main_arg is its slot, which the
+ * launcher filled with the database and the worker number.
+ */
+void
+DwarfWorkerMain(Datum arg)
+{
+	HASHCTL		ctl;
+
+	MySlotNo = DatumGetInt32(arg);
+	MySlot = &Dwarf->workers[MySlotNo];
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(MySlot->dboid, InvalidOid, 0);
+	pgstat_report_appname(psprintf("dwarf worker %d", MySlot->index));
+
+	ExitIfNotInstalled();
+
+	WorkerContext = AllocSetContextCreate(TopMemoryContext, "dwarf worker",
+										  ALLOCSET_DEFAULT_SIZES);
+	BatchContext = AllocSetContextCreate(TopMemoryContext, "dwarf batch",
+										 ALLOCSET_DEFAULT_SIZES);
+	ctl.keysize = sizeof(int64);
+	ctl.entrysize = sizeof(FlowRun);
+	ctl.hcxt = WorkerContext;
+	Flows = hash_create("dwarf flows", 1024, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	ctl.keysize = sizeof(int);
+	ctl.entrysize = sizeof(GraphEntry);
+	Graphs = hash_create("dwarf graphs", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	Ready = pairingheap_allocate(ReadyCompare, NULL);
+	CacheRegisterSyscacheCallback(PROCOID, ProcInvalidated, (Datum) 0);
+
+	before_shmem_exit(WorkerShutdown, (Datum) 0);
+	SpinLockAcquire(&MySlot->mutex);
+	MySlot->pid = MyProcPid;
+	MySlot->latch = MyLatch;
+	SpinLockRelease(&MySlot->mutex);
+
+	ereport(LOG, (errmsg("dwarf worker %d started", MySlot->index)));
+
+	for (;;)
+	{
+		List	   *requests = NIL;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		MemoryContextSwitchTo(BatchContext);
+		(void) DrainNotes(&requests);
+		if (requests != NIL)
+			ProcessRunRequests(requests);
+		if (ToLoad != NIL || FullScan)
+			LoadFlows();
+		RunBatch();
+		pg_atomic_write_u64(&MySlot->ready, ReadyCount);
+		MemoryContextSwitchTo(TopMemoryContext);
+		MemoryContextReset(BatchContext);
+
+		if (!pairingheap_is_empty(Ready) || ToLoad != NIL)
+			continue;
+
+		/* Nothing to run: sleep until a note (or a signal) wakes us. */
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH, -1L,
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		if (MySlot->head == MySlot->tail && !MySlot->overflow)
+			ExitIfNotInstalled();	/* woken by DROP EXTENSION, perhaps */
+	}
+}
