@@ -19,7 +19,7 @@ PGFILEDESC = "dwarf - durable workflows inside PostgreSQL"
 
 REGRESS = $(patsubst sql/%.sql,%,$(filter-out sql/dwarf--%.sql,$(sort $(wildcard sql/*.sql))))
 REGRESS_OPTS = --temp-config=$(srcdir)/test/dwarf.conf --temp-instance=$(CURDIR)/tmp_regress --load-extension=dwarf
-TAP_TESTS = 1
+TAP_TESTS = $(if $(wildcard t/*.pl),1)
 
 PG_CFLAGS = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 EXTRA_CLEAN = tmp_regress bench/dwarf-bench
@@ -34,3 +34,9 @@ all: bench/dwarf-bench
 bench/dwarf-bench: bench/dwarf-bench.c
 	$(CC) -O2 -Wall -Wextra -Werror -I$(shell $(PG_CONFIG) --includedir) -o $@ $< \
 		-L$(shell $(PG_CONFIG) --libdir) -lpq -lm -lpthread
+
+# `make prove_installcheck` runs the TAP tests alone (PGXS runs them after
+# pg_regress in `make installcheck`).
+.PHONY: prove_installcheck
+prove_installcheck:
+	$(prove_installcheck)

@@ -178,7 +178,8 @@ say "database $DB with the dwarf extension"
 if [[ -z $("${AS_PG[@]}" "${PSQL[@]}" -d postgres -tA -c "SELECT 1 FROM pg_database WHERE datname = '$DB'") ]]; then
 	"${AS_PG[@]}" "${PSQL[@]}" -d postgres -c "CREATE DATABASE $DB"
 fi
-"${AS_PG[@]}" "${PSQL[@]}" -d "$DB" -c 'CREATE EXTENSION IF NOT EXISTS dwarf' ||
+"${AS_PG[@]}" "${PSQL[@]}" -d "$DB" -c 'SET client_min_messages = warning' \
+	-c 'CREATE EXTENSION IF NOT EXISTS dwarf' ||
 	{
 		show_log
 		die "CREATE EXTENSION dwarf failed"

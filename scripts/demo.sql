@@ -178,7 +178,7 @@ SELECT jsonb_pretty(state) FROM demo_runs WHERE flow_id = :first_flow;
 \pset tuples_only off
 
 \echo
-\echo '== 4. What ran in the first flow: dwarf.history, one row per step (Charge and Pack in parallel)'
+\echo '== 4. What ran in the first flow: dwarf.history, one row per step; Charge and Pack are the two branches of the fork'
 SELECT * FROM dwarf.history(:first_flow);
 
 \echo

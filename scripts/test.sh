@@ -174,7 +174,7 @@ finish() {
 	printf '%s\n' "${SUMMARY[@]}"
 	if [[ -n $WORK && -d $WORK ]]; then
 		# Keep the tree the tests ran in when something failed (or if asked).
-		if [[ ${DWARF_TEST_KEEP:-0} != 1 ]] && { ((FAILED == 0 && PASSED > 0)) || [[ ! -f $WORK/src/Makefile ]]; }; then
+		if [[ ${DWARF_TEST_KEEP:-0} != 1 ]] && { ((FAILED == 0)) || [[ ! -f $WORK/src/Makefile ]]; }; then
 			rm -rf "$WORK"
 		else
 			echo "work directory kept for inspection: $WORK"
@@ -231,6 +231,7 @@ tar -C "$ROOT" --exclude=./.git --exclude=./tmp_check --exclude=./tmp_regress \
 chown -R postgres:postgres "$WORK"
 
 make_var() { # the value of a variable as the Makefile defines it
+	# shellcheck disable=SC2016 # $(...) is make syntax here
 	make -s --no-print-directory -C "$SRC" PG_CONFIG="$PG_CONFIG" DWARF_VAR="$1" \
 		--eval '.dwarf-print-var: ; @echo $($(DWARF_VAR))' .dwarf-print-var
 }
@@ -272,7 +273,7 @@ fi
 
 # --- 5. TAP tests (PostgreSQL::Test::Cluster) -------------------------------
 if ((${#TAP_FILES[@]} > 0)); then
-	say "TAP: make prove_installcheck (${#TAP_FILES[@]} files)"
+	say "TAP: make prove_installcheck (${#TAP_FILES[@]} file(s))"
 	if "${AS_PG[@]}" "$SRC" make -n prove_installcheck PG_CONFIG="$PG_CONFIG" >/dev/null 2>&1; then
 		tap_cmd=(make prove_installcheck PG_CONFIG="$PG_CONFIG")
 	else
@@ -299,7 +300,7 @@ fi
 
 # --- 6. pgTAP tests against a throwaway cluster -----------------------------
 if ((${#PGTAP_FILES[@]} > 0)); then
-	say "pgTAP: pg_prove (${#PGTAP_FILES[@]} files)"
+	say "pgTAP: pg_prove (${#PGTAP_FILES[@]} file(s))"
 	PGTAP_DIR=$WORK/pgtap
 	# The server listens only on a socket in its own directory, so no port
 	# can clash with another server; the number only names the socket.
