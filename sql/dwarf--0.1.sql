@@ -58,12 +58,13 @@ CREATE TABLE dwarf.step (
 	step_id		bigint NOT NULL,
 	token		int NOT NULL,
 	task		text NOT NULL,
-	status		text NOT NULL CHECK (status IN ('completed', 'failed')),
+	status		text NOT NULL CHECK (status IN ('completed', 'failed', 'retry')),
 	attempt		int NOT NULL,
 	started_at	timestamptz NOT NULL,
 	finished_at timestamptz NOT NULL,
 	changes		jsonb,
 	goto_task	text,
+	wake_at		timestamptz,
 	error		jsonb,
 	PRIMARY KEY (flow_id, step_id)
 );
@@ -71,6 +72,8 @@ COMMENT ON TABLE dwarf.step IS
 	'Durable step log: one row per task execution, in execution order per flow';
 COMMENT ON COLUMN dwarf.step.token IS
 	'Flow-local number of the branch (token) that ran the step';
+COMMENT ON COLUMN dwarf.step.wake_at IS
+	'When what follows the step may run (dwarf.sleep, dwarf.retry backoff); NULL for at once';
 COMMENT ON COLUMN dwarf.step.error IS
 	'The task''s error as {message, sqlstate, detail, hint, task}; NULL on success';
 
@@ -157,6 +160,22 @@ CREATE FUNCTION dwarf.goto(task text) RETURNS void
 	AS 'MODULE_PATHNAME', 'dwarf_goto';
 COMMENT ON FUNCTION dwarf.goto(text) IS
 	'Inside a task: take the goto edge to the named task when this task returns';
+
+CREATE FUNCTION dwarf.retry(initial interval DEFAULT '1 s', factor float8 DEFAULT 2,
+							max interval DEFAULT '5 min',
+							give_up_after interval DEFAULT NULL)
+	RETURNS boolean
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_retry';
+COMMENT ON FUNCTION dwarf.retry(interval, float8, interval, interval) IS
+	'Inside a task: true, and this step runs again after exponential backoff once the task returns; '
+	'false once give_up_after has passed since the first attempt (then raise the error)';
+
+CREATE FUNCTION dwarf.sleep(duration interval) RETURNS void
+	LANGUAGE c STRICT
+	AS 'MODULE_PATHNAME', 'dwarf_sleep';
+COMMENT ON FUNCTION dwarf.sleep(interval) IS
+	'Inside a task: what follows this step runs only after the interval; the flow holds no worker meanwhile';
 
 CREATE FUNCTION dwarf.step_key() RETURNS text
 	LANGUAGE c

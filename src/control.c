@@ -6,7 +6,10 @@
  */
 #include "postgres.h"
 
+#include <math.h>
+
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 #include "dwarf.h"
 
@@ -71,4 +74,80 @@ Datum
 dwarf_flow_id(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT64(CurrentStep("dwarf.flow_id()")->flow->id);
+}
+
+/* Microseconds in an interval argument; months count as 30 days. */
+static int64
+IntervalMicros(Interval *span, const char *what)
+{
+	int64		us = span->time + (int64) span->day * USECS_PER_DAY +
+		(int64) span->month * DAYS_PER_MONTH * USECS_PER_DAY;
+
+	if (us < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be negative", what)));
+	return us;
+}
+
+PG_FUNCTION_INFO_V1(dwarf_retry);
+
+/*
+ * dwarf.retry(initial, factor, max, give_up_after): asks for this step to
+ * run again after min(initial * factor^(attempt-1), max).  Returns false,
+ * asking for nothing, once that would end past give_up_after from the start
+ * of the first attempt (NULL or zero: no limit); the task then raises.
+ */
+Datum
+dwarf_retry(PG_FUNCTION_ARGS)
+{
+	StepContext *step = CurrentStep("dwarf.retry()");
+	int64		initial,
+				max,
+				horizon = 0,
+				delay;
+	double		factor,
+				backoff;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dwarf.retry needs initial, factor and max")));
+	initial = IntervalMicros(PG_GETARG_INTERVAL_P(0), "initial");
+	factor = PG_GETARG_FLOAT8(1);
+	max = IntervalMicros(PG_GETARG_INTERVAL_P(2), "max");
+	if (!PG_ARGISNULL(3))
+		horizon = PG_GETARG_INTERVAL_P(3)->time +
+			(int64) PG_GETARG_INTERVAL_P(3)->day * USECS_PER_DAY +
+			(int64) PG_GETARG_INTERVAL_P(3)->month * DAYS_PER_MONTH * USECS_PER_DAY;
+	if (!(factor >= 1.0) || isinf(factor))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retry factor must be a finite number of at least 1")));
+
+	backoff = (double) initial * pow(factor, step->token->attempt - 1);
+	delay = backoff >= (double) max ? max : (int64) backoff;
+	if (horizon > 0 &&
+		GetCurrentTimestamp() + delay - step->token->first_started > horizon)
+		PG_RETURN_BOOL(false);
+	if (!step->retry)
+		step->delay_us += delay;
+	step->retry = true;
+	PG_RETURN_BOOL(true);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_sleep);
+
+/*
+ * dwarf.sleep(duration): what follows this step runs only after duration.
+ * The flow holds no worker while it waits, and the wait survives restarts.
+ * Several calls (and a retry's backoff) add up.
+ */
+Datum
+dwarf_sleep(PG_FUNCTION_ARGS)
+{
+	StepContext *step = CurrentStep("dwarf.sleep()");
+
+	step->delay_us += IntervalMicros(PG_GETARG_INTERVAL_P(0), "sleep duration");
+	PG_RETURN_VOID();
 }

@@ -17,6 +17,7 @@
 #include "storage/latch.h"
 #include "storage/spin.h"
 #include "utils/jsonb.h"
+#include "utils/timestamp.h"
 
 /* ---------- settings (dwarf.c) ---------- */
 
@@ -242,6 +243,8 @@ typedef struct Token
 	int			node;
 	int			attempt;
 	int			visits;			/* steps this token has taken */
+	TimestampTz due;			/* runnable from then on (sleep, retry) */
+	TimestampTz first_started;	/* start of this step's first attempt */
 	Jsonb	   *state;
 	List	   *deltas;			/* changes since the cohort forked (Jsonb *) */
 	Cohort	   *cohort;			/* NULL at the top level */
@@ -274,17 +277,26 @@ typedef struct FlowRun
 	Jsonb	   *final_state;
 	char	   *error;
 	int			next_token;
+	TimestampTz next_due;		/* for tokens placed by the current step */
 	List	   *tokens;			/* live tokens */
 	MemoryContext cxt;
 } FlowRun;
 
+typedef enum OutcomeKind
+{
+	OUTCOME_OK,
+	OUTCOME_ERROR,
+	OUTCOME_RETRY				/* the task called dwarf.retry and returned */
+} OutcomeKind;
+
 /* What one execution of a task came to. */
 typedef struct StepOutcome
 {
-	bool		ok;
-	Jsonb	   *changes;		/* ok: what the task returned */
+	OutcomeKind kind;
+	Jsonb	   *changes;		/* ok, retry: what the task returned */
 	int			goto_node;		/* ok: dwarf.goto target, or -1 */
-	Jsonb	   *error;			/* !ok: {message, sqlstate, detail, hint, task} */
+	TimestampTz wake_at;		/* what follows runs from then; 0 for now */
+	Jsonb	   *error;			/* error: {message, sqlstate, detail, hint, task} */
 } StepOutcome;
 
 extern FlowRun *FlowRunCreate(FlowRun *flow, Graph *graph, Jsonb *input,
@@ -299,7 +311,9 @@ typedef struct StepContext
 {
 	FlowRun    *flow;
 	Token	   *token;
-	int			goto_node;
+	int			goto_node;		/* dwarf.goto target, or -1 */
+	bool		retry;			/* dwarf.retry said yes */
+	int64		delay_us;		/* retry backoff plus dwarf.sleep time */
 } StepContext;
 
 extern StepContext *DwarfCurrentStep;

@@ -30,6 +30,7 @@ NewToken(FlowRun *flow, int node, Jsonb *state, Cohort *cohort, int branch,
 	token->id = flow->next_token++;
 	token->node = node;
 	token->attempt = 1;
+	token->due = flow->next_due;
 	token->state = state;
 	token->cohort = cohort;
 	token->branch = branch;
@@ -57,6 +58,7 @@ FlowRunCreate(FlowRun *flow, Graph *graph, Jsonb *input, MemoryContext parent)
 	flow->final_state = NULL;
 	flow->error = NULL;
 	flow->next_token = 0;
+	flow->next_due = 0;
 	flow->tokens = NIL;
 	old = MemoryContextSwitchTo(flow->cxt);
 	NewToken(flow, graph->entry, (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input)),
@@ -327,6 +329,7 @@ Route(FlowRun *flow, Token *token, int target, Jsonb *state)
 	token->node = target;
 	token->state = state;
 	token->attempt = 1;
+	token->due = flow->next_due;
 }
 
 /*
@@ -387,7 +390,9 @@ ErrorMessage(Jsonb *error)
 /*
  * Moves a flow on after one step of token.  A success merges the task's
  * changes and takes the edges that fire; an error takes the task's
- * on_error edges with the error in field onErr, or fails the flow.
+ * on_error edges with the error in field onErr, or fails the flow; a retry
+ * merges the changes and leaves the token where it is, due later.  What the
+ * step placed becomes runnable at outcome->wake_at.
  */
 void
 FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
@@ -399,9 +404,7 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 	Jsonb	   *state;
 	List	   *edges = NIL;
 
-	token->visits++;
-
-	if (outcome->ok)
+	if (outcome->kind != OUTCOME_ERROR)
 		changes = outcome->changes;
 	else
 	{
@@ -426,10 +429,24 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 
 	changes = (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(changes));
 	state = MergeChanges(token->state, changes, graph->reducers, graph->nreducers);
-	if (outcome->ok)
-		edges = FiringEdges(flow, token, state, outcome->goto_node);
 	if (token->cohort != NULL)
 		token->deltas = lappend(token->deltas, changes);
+
+	if (outcome->kind == OUTCOME_RETRY)
+	{
+		/* The same step again, on the state this attempt left, later. */
+		token->state = state;
+		token->attempt++;
+		token->due = outcome->wake_at;
+		MemoryContextSwitchTo(old);
+		return;
+	}
+
+	token->visits++;
+	if (outcome->kind == OUTCOME_OK)
+		edges = FiringEdges(flow, token, state, outcome->goto_node);
+	flow->next_due = outcome->wake_at;
 	Fire(flow, token, edges, state);
+	flow->next_due = 0;
 	MemoryContextSwitchTo(old);
 }

@@ -50,6 +50,7 @@ typedef struct ReadyEntry
 	int			token_id;
 	int32		priority;
 	uint64		seq;
+	TimestampTz due;
 } ReadyEntry;
 
 typedef struct GraphEntry
@@ -73,6 +74,7 @@ static MemoryContext BatchContext;	/* reset after each batch */
 static HTAB *Flows = NULL;
 static HTAB *Graphs = NULL;
 static pairingheap *Ready = NULL;
+static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
 static uint64 ReadySeq = 0;
 static int64 ReadyCount = 0;
 
@@ -102,10 +104,23 @@ ReadyCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
 	return x->seq < y->seq ? 1 : (x->seq > y->seq ? -1 : 0);
 }
 
-/* Queues every token of a running flow that can run and is not queued yet. */
+static int
+TimerCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
+{
+	const ReadyEntry *x = pairingheap_const_container(ReadyEntry, ph, a);
+	const ReadyEntry *y = pairingheap_const_container(ReadyEntry, ph, b);
+
+	return x->due < y->due ? 1 : (x->due > y->due ? -1 : 0);
+}
+
+/*
+ * Queues every token of a running flow that can run and is not queued yet:
+ * on the ready queue, or on the timer heap when it is due later.
+ */
 static void
 EnqueueRunnable(FlowRun *flow)
 {
+	TimestampTz now = GetCurrentTimestamp();
 	ListCell   *lc;
 
 	if (flow->status != FLOW_RUNNING)
@@ -122,10 +137,39 @@ EnqueueRunnable(FlowRun *flow)
 		entry->token_id = token->id;
 		entry->priority = flow->priority;
 		entry->seq = ReadySeq++;
-		pairingheap_add(Ready, &entry->ph);
+		entry->due = token->due;
 		token->queued = true;
+		if (token->due > now)
+			pairingheap_add(Timers, &entry->ph);
+		else
+		{
+			pairingheap_add(Ready, &entry->ph);
+			ReadyCount++;
+		}
+	}
+}
+
+/*
+ * Moves the timers that came due to the ready queue.  Returns how many
+ * milliseconds until the next one, or -1 when none is waiting.
+ */
+static long
+MoveDueTimers(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	while (!pairingheap_is_empty(Timers))
+	{
+		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
+												  pairingheap_first(Timers));
+
+		if (entry->due > now)
+			return TimestampDifferenceMilliseconds(now, entry->due) + 1;
+		(void) pairingheap_remove_first(Timers);
+		pairingheap_add(Ready, &entry->ph);
 		ReadyCount++;
 	}
+	return -1;
 }
 
 /* ---------- plans and graphs ---------- */
@@ -146,8 +190,8 @@ Prepare(const char *sql, int nargs, Oid *argtypes)
 static void
 PreparePlans(void)
 {
-	Oid			step_types[10] = {INT8OID, INT4OID, TEXTOID, TEXTOID, INT4OID,
-	TIMESTAMPTZOID, TIMESTAMPTZOID, JSONBOID, TEXTOID, JSONBOID};
+	Oid			step_types[11] = {INT8OID, INT4OID, TEXTOID, TEXTOID, INT4OID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID, JSONBOID, TEXTOID, JSONBOID, TIMESTAMPTZOID};
 	Oid			close_types[4] = {INT8OID, TEXTOID, JSONBOID, TEXTOID};
 	Oid			ids_type[1] = {INT8ARRAYOID};
 	Oid			scan_types[2] = {INT4OID, INT4OID};
@@ -160,9 +204,9 @@ PreparePlans(void)
 		return;
 	InsertStepPlan = Prepare(
 		"INSERT INTO dwarf.step (flow_id, step_id, token, task, status, attempt,"
-		" started_at, finished_at, changes, goto_task, error)"
-		" VALUES ($1, nextval('dwarf.step_seq'), $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-		10, step_types);
+		" started_at, finished_at, changes, goto_task, error, wake_at)"
+		" VALUES ($1, nextval('dwarf.step_seq'), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+		11, step_types);
 	CloseFlowPlan = Prepare(
 		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = now()"
 		" WHERE id = $1 AND status = 'running'",
@@ -176,8 +220,8 @@ PreparePlans(void)
 		" AND ((id & 281474976710655) % $1) = $2",
 		2, scan_types);
 	LoadStepsPlan = Prepare(
-		"SELECT token, task, status, changes, goto_task, error FROM dwarf.step"
-		" WHERE flow_id = $1 ORDER BY step_id",
+		"SELECT token, task, status, changes, goto_task, error, wake_at, attempt,"
+		" started_at FROM dwarf.step WHERE flow_id = $1 ORDER BY step_id",
 		1, int8_type);
 	LoadGraphPlan = Prepare(
 		"SELECT definition FROM dwarf.graph WHERE id = $1",
@@ -297,12 +341,17 @@ ReplaySteps(FlowRun *flow)
 							(unsigned long long) i, flow->id, token_id)));
 			break;
 		}
-		outcome.ok = strcmp(status, "completed") == 0;
+		outcome.kind = strcmp(status, "completed") == 0 ? OUTCOME_OK :
+			strcmp(status, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_ERROR;
 		outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
 		d = SPI_getbinval(tup, desc, 4, &isnull);
 		outcome.changes = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
 		d = SPI_getbinval(tup, desc, 6, &isnull);
 		outcome.error = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
+		d = SPI_getbinval(tup, desc, 7, &isnull);
+		outcome.wake_at = isnull ? 0 : DatumGetTimestampTz(d);
+		if (DatumGetInt32(SPI_getbinval(tup, desc, 8, &isnull)) == 1)
+			token->first_started = DatumGetTimestampTz(SPI_getbinval(tup, desc, 9, &isnull));
 		FlowAdvance(flow, token, &outcome);
 	}
 }
@@ -689,17 +738,18 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 		   TimestampTz started, TimestampTz finished)
 {
 	Graph	   *graph = flow->graph;
-	Datum		args[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	static const char *const status[] = {"completed", "failed", "retry"};
+	Datum		args[11];
+	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 	args[0] = Int64GetDatum(flow->id);
 	args[1] = Int32GetDatum(token_id);
 	args[2] = CStringGetTextDatum(graph->nodes[node].name);
-	args[3] = CStringGetTextDatum(outcome->ok ? "completed" : "failed");
+	args[3] = CStringGetTextDatum(status[outcome->kind]);
 	args[4] = Int32GetDatum(attempt);
 	args[5] = TimestampTzGetDatum(started);
 	args[6] = TimestampTzGetDatum(finished);
-	if (outcome->ok)
+	if (outcome->kind != OUTCOME_ERROR)
 	{
 		args[7] = JsonbPGetDatum(outcome->changes);
 		nulls[9] = 'n';
@@ -709,10 +759,14 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 		nulls[7] = 'n';
 		args[9] = JsonbPGetDatum(outcome->error);
 	}
-	if (outcome->ok && outcome->goto_node >= 0)
+	if (outcome->kind == OUTCOME_OK && outcome->goto_node >= 0)
 		args[8] = CStringGetTextDatum(graph->nodes[outcome->goto_node].name);
 	else
 		nulls[8] = 'n';
+	if (outcome->wake_at != 0)
+		args[10] = TimestampTzGetDatum(outcome->wake_at);
+	else
+		nulls[10] = 'n';
 
 	if (SPI_execute_plan(InsertStepPlan, args, nulls, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "dwarf: could not record a step of flow " INT64_FORMAT, flow->id);
@@ -729,7 +783,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
-	StepContext ctx = {flow, token, -1};
+	StepContext ctx = {flow, token, -1, false, 0};
 	StepOutcome outcome = {0};
 	TimestampTz started = GetCurrentTimestamp();
 	int			token_id = token->id;
@@ -738,13 +792,17 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 	bool		advancing = false;
 	FlowRun    *broken = NULL;
 
+	if (attempt == 1)
+		token->first_started = started;
 	if (isolated)
 		BeginInternalSubTransaction(NULL);
 	PG_TRY();
 	{
 		outcome.changes = CallTask(flow, token, &ctx);
-		outcome.ok = true;
-		outcome.goto_node = ctx.goto_node;
+		outcome.kind = ctx.retry ? OUTCOME_RETRY : OUTCOME_OK;
+		outcome.goto_node = ctx.retry ? -1 : ctx.goto_node;
+		if (ctx.retry || ctx.delay_us > 0)
+			outcome.wake_at = GetCurrentTimestamp() + ctx.delay_us;
 		advancing = true;
 		FlowAdvance(flow, token, &outcome);
 		if (isolated)
@@ -768,9 +826,10 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
 
-		outcome.ok = false;
+		outcome.kind = OUTCOME_ERROR;
 		outcome.changes = NULL;
 		outcome.goto_node = -1;
+		outcome.wake_at = 0;
 		outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
 		if (advancing)
 			broken = flow;
@@ -1040,6 +1099,7 @@ DwarfWorkerMain(Datum arg)
 	ctl.entrysize = sizeof(GraphEntry);
 	Graphs = hash_create("dwarf graphs", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	Ready = pairingheap_allocate(ReadyCompare, NULL);
+	Timers = pairingheap_allocate(TimerCompare, NULL);
 	CacheRegisterSyscacheCallback(PROCOID, ProcInvalidated, (Datum) 0);
 
 	before_shmem_exit(WorkerShutdown, (Datum) 0);
@@ -1053,6 +1113,7 @@ DwarfWorkerMain(Datum arg)
 	for (;;)
 	{
 		List	   *requests = NIL;
+		long		next_timer;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -1067,17 +1128,21 @@ DwarfWorkerMain(Datum arg)
 			ProcessRunRequests(requests);
 		if (ToLoad != NIL || FullScan)
 			LoadFlows();
+		(void) MoveDueTimers();
 		RunBatch();
 		pg_atomic_write_u64(&MySlot->ready, ReadyCount);
 		MemoryContextSwitchTo(TopMemoryContext);
 		MemoryContextReset(BatchContext);
 
+		next_timer = MoveDueTimers();
 		if (!pairingheap_is_empty(Ready) || ToLoad != NIL)
 			continue;
 
-		/* Nothing to run: sleep until a note (or a signal) wakes us. */
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH, -1L,
-						 PG_WAIT_EXTENSION);
+		/* Nothing to run: sleep until a note, a signal or the next timer. */
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_EXIT_ON_PM_DEATH |
+						 (next_timer >= 0 ? WL_TIMEOUT : 0),
+						 next_timer, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		if (MySlot->head == MySlot->tail && !MySlot->overflow)
 			ExitIfNotInstalled();	/* woken by DROP EXTENSION, perhaps */
