@@ -34,6 +34,7 @@ CREATE TABLE dwarf.flow (
 	state		jsonb,
 	error		text,
 	interrupt_payload jsonb,
+	resume_data jsonb,
 	cancel_reason text,
 	created_at	timestamptz NOT NULL DEFAULT now(),
 	finished_at timestamptz
@@ -44,7 +45,9 @@ COMMENT ON TABLE dwarf.flow IS
 	'One row per flow. Written when the flow is created and when it closes; '
 	'a running flow''s progress lives in dwarf.step';
 COMMENT ON COLUMN dwarf.flow.state IS
-	'Final state once the flow has closed; NULL while it runs (see dwarf.snapshot)';
+	'Final state once the flow has closed, or the state at an interrupt; NULL while it runs (see dwarf.snapshot)';
+COMMENT ON COLUMN dwarf.flow.resume_data IS
+	'What dwarf.resume handed over, until the owning worker records it as a step';
 
 CREATE SEQUENCE dwarf.step_seq CACHE 64;
 
@@ -58,13 +61,15 @@ CREATE TABLE dwarf.step (
 	step_id		bigint NOT NULL,
 	token		int NOT NULL,
 	task		text NOT NULL,
-	status		text NOT NULL CHECK (status IN ('completed', 'failed', 'retry')),
+	status		text NOT NULL
+				CHECK (status IN ('completed', 'failed', 'retry', 'interrupted', 'resumed')),
 	attempt		int NOT NULL,
 	started_at	timestamptz NOT NULL,
 	finished_at timestamptz NOT NULL,
 	changes		jsonb,
 	goto_task	text,
 	wake_at		timestamptz,
+	signal		jsonb,
 	error		jsonb,
 	PRIMARY KEY (flow_id, step_id)
 );
@@ -74,6 +79,8 @@ COMMENT ON COLUMN dwarf.step.token IS
 	'Flow-local number of the branch (token) that ran the step';
 COMMENT ON COLUMN dwarf.step.wake_at IS
 	'When what follows the step may run (dwarf.sleep, dwarf.retry backoff); NULL for at once';
+COMMENT ON COLUMN dwarf.step.signal IS
+	'The payload of an interrupted step, or the data a resumed step was given';
 COMMENT ON COLUMN dwarf.step.error IS
 	'The task''s error as {message, sqlstate, detail, hint, task}; NULL on success';
 
@@ -155,6 +162,14 @@ CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL)
 COMMENT ON FUNCTION dwarf.cancel(bigint, text) IS
 	'Cancels a running or interrupted flow; it starts no further step';
 
+CREATE FUNCTION dwarf.resume(flow_id bigint, data jsonb DEFAULT 'null')
+	RETURNS void
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_resume';
+COMMENT ON FUNCTION dwarf.resume(bigint, jsonb) IS
+	'Resumes an interrupted flow: the interrupted task runs again and its dwarf.interrupt call returns data';
+
 CREATE FUNCTION dwarf.goto(task text) RETURNS void
 	LANGUAGE c STRICT
 	AS 'MODULE_PATHNAME', 'dwarf_goto';
@@ -176,6 +191,13 @@ CREATE FUNCTION dwarf.sleep(duration interval) RETURNS void
 	AS 'MODULE_PATHNAME', 'dwarf_sleep';
 COMMENT ON FUNCTION dwarf.sleep(interval) IS
 	'Inside a task: what follows this step runs only after the interval; the flow holds no worker meanwhile';
+
+CREATE FUNCTION dwarf.interrupt(payload jsonb DEFAULT NULL) RETURNS jsonb
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_interrupt';
+COMMENT ON FUNCTION dwarf.interrupt(jsonb) IS
+	'Inside a task: NULL the first time, and the flow parks as interrupted with the payload once the task returns; '
+	'after dwarf.resume(flow, data) the task runs again and the same call returns data';
 
 CREATE FUNCTION dwarf.step_key() RETURNS text
 	LANGUAGE c

@@ -714,6 +714,50 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+PG_FUNCTION_INFO_V1(dwarf_resume);
+
+/*
+ * dwarf.resume(flow, data): an interrupted flow runs on; its interrupted
+ * task runs again and its dwarf.interrupt call returns data.
+ */
+Datum
+dwarf_resume(PG_FUNCTION_ARGS)
+{
+	int64		flow_id;
+	Oid			types[2] = {INT8OID, JSONBOID};
+	Datum		args[2];
+	char	   *status;
+	SavedUser	saved;
+
+	CheckNotNull(fcinfo, 0, "flow_id");
+	flow_id = PG_GETARG_INT64(0);
+	args[0] = Int64GetDatum(flow_id);
+	args[1] = PG_ARGISNULL(1) ? DirectFunctionCall1(jsonb_in, CStringGetDatum("null")) :
+		PG_GETARG_DATUM(1);
+
+	Connect();
+	Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
+	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+	saved = BecomeOwner();
+	Exec("UPDATE dwarf.flow SET status = 'running', interrupt_payload = NULL, state = NULL,"
+		 " resume_data = $2 WHERE id = $1 AND status = 'interrupted' RETURNING id",
+		 2, types, args, NULL, SPI_OK_UPDATE_RETURNING);
+	RestoreUser(saved);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " cannot be resumed: it is %s, not interrupted",
+						flow_id, status)));
+	SPI_finish();
+	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, false);
+	PG_RETURN_VOID();
+}
+
 PG_FUNCTION_INFO_V1(dwarf_purge);
 
 /*

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
@@ -150,4 +151,36 @@ dwarf_sleep(PG_FUNCTION_ARGS)
 
 	step->delay_us += IntervalMicros(PG_GETARG_INTERVAL_P(0), "sleep duration");
 	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(dwarf_interrupt);
+
+/*
+ * dwarf.interrupt(payload): NULL the first time; once the task returns, the
+ * flow parks as interrupted with the payload.  After dwarf.resume(flow,
+ * data) the task runs again and the same call (the same in call order)
+ * returns data, as if the first call had waited for it.
+ */
+Datum
+dwarf_interrupt(PG_FUNCTION_ARGS)
+{
+	StepContext *step = CurrentStep("dwarf.interrupt()");
+	int			call = step->interrupt_calls++;
+	MemoryContext old;
+
+	if (call < list_length(step->token->resumes))
+	{
+		Jsonb	   *data = list_nth(step->token->resumes, call);
+
+		PG_RETURN_DATUM(datumCopy(JsonbPGetDatum(data), false, -1));
+	}
+	if (!step->interrupted)
+	{
+		step->interrupted = true;
+		old = MemoryContextSwitchTo(step->cxt);
+		step->payload = PG_ARGISNULL(0) ? NULL :
+			(Jsonb *) PG_DETOAST_DATUM_COPY(PG_GETARG_DATUM(0));
+		MemoryContextSwitchTo(old);
+	}
+	PG_RETURN_NULL();
 }

@@ -251,6 +251,9 @@ typedef struct Token
 	int			branch;			/* index within the cohort */
 	bool		queued;			/* in the worker's ready queue */
 	bool		running;		/* in the batch being run */
+	bool		parked;			/* interrupted, waiting for dwarf.resume */
+	Jsonb	   *payload;		/* the interrupt's payload while parked */
+	List	   *resumes;		/* data given by dwarf.resume, for this step */
 } Token;
 
 /* The branches a fan-out made, waiting to meet again at a fan-in. */
@@ -286,7 +289,9 @@ typedef enum OutcomeKind
 {
 	OUTCOME_OK,
 	OUTCOME_ERROR,
-	OUTCOME_RETRY				/* the task called dwarf.retry and returned */
+	OUTCOME_RETRY,				/* the task called dwarf.retry and returned */
+	OUTCOME_INTERRUPT,			/* the task called dwarf.interrupt and returned */
+	OUTCOME_RESUMED				/* dwarf.resume gave the parked step data */
 } OutcomeKind;
 
 /* What one execution of a task came to. */
@@ -296,6 +301,7 @@ typedef struct StepOutcome
 	Jsonb	   *changes;		/* ok, retry: what the task returned */
 	int			goto_node;		/* ok: dwarf.goto target, or -1 */
 	TimestampTz wake_at;		/* what follows runs from then; 0 for now */
+	Jsonb	   *signal;			/* interrupt payload, or resume data */
 	Jsonb	   *error;			/* error: {message, sqlstate, detail, hint, task} */
 } StepOutcome;
 
@@ -314,6 +320,10 @@ typedef struct StepContext
 	int			goto_node;		/* dwarf.goto target, or -1 */
 	bool		retry;			/* dwarf.retry said yes */
 	int64		delay_us;		/* retry backoff plus dwarf.sleep time */
+	int			interrupt_calls;	/* dwarf.interrupt calls so far */
+	bool		interrupted;	/* one of them parked the step */
+	Jsonb	   *payload;		/* ... with this payload */
+	MemoryContext cxt;			/* outlives the task's call */
 } StepContext;
 
 extern StepContext *DwarfCurrentStep;

@@ -391,8 +391,9 @@ ErrorMessage(Jsonb *error)
  * Moves a flow on after one step of token.  A success merges the task's
  * changes and takes the edges that fire; an error takes the task's
  * on_error edges with the error in field onErr, or fails the flow; a retry
- * merges the changes and leaves the token where it is, due later.  What the
- * step placed becomes runnable at outcome->wake_at.
+ * merges the changes and leaves the token where it is, due later; an
+ * interrupt parks the token until a resume hands it data.  What the step
+ * placed becomes runnable at outcome->wake_at.
  */
 void
 FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
@@ -403,6 +404,26 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 	Jsonb	   *changes;
 	Jsonb	   *state;
 	List	   *edges = NIL;
+
+	if (outcome->kind == OUTCOME_INTERRUPT)
+	{
+		/* Parked until resumed; the attempt's changes are not kept. */
+		token->parked = true;
+		token->payload = outcome->signal ?
+			(Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)) : NULL;
+		MemoryContextSwitchTo(old);
+		return;
+	}
+	if (outcome->kind == OUTCOME_RESUMED)
+	{
+		token->parked = false;
+		token->payload = NULL;
+		token->due = 0;
+		token->resumes = lappend(token->resumes,
+								 PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)));
+		MemoryContextSwitchTo(old);
+		return;
+	}
 
 	if (outcome->kind != OUTCOME_ERROR)
 		changes = outcome->changes;
@@ -443,6 +464,7 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 	}
 
 	token->visits++;
+	token->resumes = NIL;
 	if (outcome->kind == OUTCOME_OK)
 		edges = FiringEdges(flow, token, state, outcome->goto_node);
 	flow->next_due = outcome->wake_at;

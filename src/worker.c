@@ -90,6 +90,8 @@ static SPIPlanPtr LoadStepsPlan = NULL;
 static SPIPlanPtr LoadGraphPlan = NULL;
 static SPIPlanPtr InsertFlowPlan = NULL;
 static SPIPlanPtr FindKeyPlan = NULL;
+static SPIPlanPtr ParkFlowPlan = NULL;
+static SPIPlanPtr ResumedPlan = NULL;
 
 /* ---------- the ready queue ---------- */
 
@@ -130,7 +132,7 @@ EnqueueRunnable(FlowRun *flow)
 		Token	   *token = lfirst(lc);
 		ReadyEntry *entry;
 
-		if (token->queued || token->running)
+		if (token->queued || token->running || token->parked)
 			continue;
 		entry = MemoryContextAlloc(WorkerContext, sizeof(ReadyEntry));
 		entry->flow_id = flow->id;
@@ -190,8 +192,9 @@ Prepare(const char *sql, int nargs, Oid *argtypes)
 static void
 PreparePlans(void)
 {
-	Oid			step_types[11] = {INT8OID, INT4OID, TEXTOID, TEXTOID, INT4OID,
-	TIMESTAMPTZOID, TIMESTAMPTZOID, JSONBOID, TEXTOID, JSONBOID, TIMESTAMPTZOID};
+	Oid			step_types[12] = {INT8OID, INT4OID, TEXTOID, TEXTOID, INT4OID,
+		TIMESTAMPTZOID, TIMESTAMPTZOID, JSONBOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, JSONBOID};
+	Oid			park_types[3] = {INT8OID, JSONBOID, JSONBOID};
 	Oid			close_types[4] = {INT8OID, TEXTOID, JSONBOID, TEXTOID};
 	Oid			ids_type[1] = {INT8ARRAYOID};
 	Oid			scan_types[2] = {INT4OID, INT4OID};
@@ -204,24 +207,24 @@ PreparePlans(void)
 		return;
 	InsertStepPlan = Prepare(
 		"INSERT INTO dwarf.step (flow_id, step_id, token, task, status, attempt,"
-		" started_at, finished_at, changes, goto_task, error, wake_at)"
-		" VALUES ($1, nextval('dwarf.step_seq'), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-		11, step_types);
+		" started_at, finished_at, changes, goto_task, error, wake_at, signal)"
+		" VALUES ($1, nextval('dwarf.step_seq'), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+		12, step_types);
 	CloseFlowPlan = Prepare(
 		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = now()"
 		" WHERE id = $1 AND status = 'running'",
 		4, close_types);
 	LoadFlowsPlan = Prepare(
-		"SELECT id, graph_id, owner::oid, priority, input FROM dwarf.flow"
-		" WHERE id = ANY($1) AND status = 'running'",
+		"SELECT id, graph_id, owner::oid, priority, input, resume_data FROM dwarf.flow"
+		" WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
 		1, ids_type);
 	ScanFlowsPlan = Prepare(
-		"SELECT id FROM dwarf.flow WHERE status = 'running'"
+		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
 		" AND ((id & 281474976710655) % $1) = $2",
 		2, scan_types);
 	LoadStepsPlan = Prepare(
 		"SELECT token, task, status, changes, goto_task, error, wake_at, attempt,"
-		" started_at FROM dwarf.step WHERE flow_id = $1 ORDER BY step_id",
+		" started_at, signal FROM dwarf.step WHERE flow_id = $1 ORDER BY step_id",
 		1, int8_type);
 	LoadGraphPlan = Prepare(
 		"SELECT definition FROM dwarf.graph WHERE id = $1",
@@ -235,6 +238,13 @@ PreparePlans(void)
 	FindKeyPlan = Prepare(
 		"SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
 		2, key_types);
+	ParkFlowPlan = Prepare(
+		"UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2, state = $3"
+		" WHERE id = $1 AND status = 'running'",
+		3, park_types);
+	ResumedPlan = Prepare(
+		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
+		1, int8_type);
 }
 
 /* A compiled graph version, from the cache or the table. */
@@ -342,7 +352,11 @@ ReplaySteps(FlowRun *flow)
 			break;
 		}
 		outcome.kind = strcmp(status, "completed") == 0 ? OUTCOME_OK :
-			strcmp(status, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_ERROR;
+			strcmp(status, "retry") == 0 ? OUTCOME_RETRY :
+			strcmp(status, "interrupted") == 0 ? OUTCOME_INTERRUPT :
+			strcmp(status, "resumed") == 0 ? OUTCOME_RESUMED : OUTCOME_ERROR;
+		d = SPI_getbinval(tup, desc, 10, &isnull);
+		outcome.signal = isnull ? NULL : DatumGetJsonbP(d);
 		outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
 		d = SPI_getbinval(tup, desc, 4, &isnull);
 		outcome.changes = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
@@ -375,6 +389,65 @@ WriteClose(FlowRun *flow)
 		nulls[3] = 'n';
 	if (SPI_execute_plan(CloseFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "dwarf: could not close flow " INT64_FORMAT, flow->id);
+}
+
+/* Marks the flow's row interrupted, with a parked token's payload and state. */
+static void
+ParkRow(FlowRun *flow, Token *token)
+{
+	Datum		args[3];
+	char		nulls[3] = {' ', ' ', ' '};
+
+	args[0] = Int64GetDatum(flow->id);
+	if (token->payload)
+		args[1] = JsonbPGetDatum(token->payload);
+	else
+		nulls[1] = 'n';
+	args[2] = JsonbPGetDatum(token->state);
+	if (SPI_execute_plan(ParkFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not mark flow " INT64_FORMAT " interrupted", flow->id);
+}
+
+static Token *
+FirstParked(FlowRun *flow)
+{
+	ListCell   *lc;
+
+	foreach(lc, flow->tokens)
+		if (((Token *) lfirst(lc))->parked)
+			return lfirst(lc);
+	return NULL;
+}
+
+static void RecordStep(FlowRun *flow, int token_id, int node, int attempt,
+					   StepOutcome *outcome, TimestampTz started, TimestampTz finished);
+
+/*
+ * Hands dwarf.resume's data to the first parked token, recording it as a
+ * step so that replay sees it too.  A flow with another parked token is
+ * interrupted again, with that token's payload.
+ */
+static void
+ApplyResume(FlowRun *flow, Jsonb *data)
+{
+	Token	   *token = FirstParked(flow);
+	Datum		arg = Int64GetDatum(flow->id);
+
+	if (token)
+	{
+		StepOutcome outcome = {0};
+		TimestampTz now = GetCurrentTimestamp();
+
+		outcome.kind = OUTCOME_RESUMED;
+		outcome.goto_node = -1;
+		outcome.signal = data;
+		RecordStep(flow, token->id, token->node, token->attempt, &outcome, now, now);
+		FlowAdvance(flow, token, &outcome);
+	}
+	if (SPI_execute_plan(ResumedPlan, &arg, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not record the resume of flow " INT64_FORMAT, flow->id);
+	if ((token = FirstParked(flow)) != NULL)
+		ParkRow(flow, token);
 }
 
 /*
@@ -467,6 +540,7 @@ LoadFlows(void)
 			TupleDesc	desc = tuptable->tupdesc;
 			bool		isnull;
 			FlowRun    *flow;
+			Datum		d;
 
 			flow = AddFlow(DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull)),
 						   DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)),
@@ -474,6 +548,9 @@ LoadFlows(void)
 						   DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)),
 						   DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)),
 						   any_replay);
+			d = SPI_getbinval(tup, desc, 6, &isnull);
+			if (!isnull)
+				ApplyResume(flow, DatumGetJsonbP(d));
 			if (flow->status != FLOW_RUNNING)
 			{
 				WriteClose(flow);
@@ -738,9 +815,9 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 		   TimestampTz started, TimestampTz finished)
 {
 	Graph	   *graph = flow->graph;
-	static const char *const status[] = {"completed", "failed", "retry"};
-	Datum		args[11];
-	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	static const char *const status[] = {"completed", "failed", "retry", "interrupted", "resumed"};
+	Datum		args[12];
+	char		nulls[12] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 	args[0] = Int64GetDatum(flow->id);
 	args[1] = Int32GetDatum(token_id);
@@ -749,16 +826,18 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	args[4] = Int32GetDatum(attempt);
 	args[5] = TimestampTzGetDatum(started);
 	args[6] = TimestampTzGetDatum(finished);
-	if (outcome->kind != OUTCOME_ERROR)
-	{
+	if (outcome->kind == OUTCOME_OK || outcome->kind == OUTCOME_RETRY)
 		args[7] = JsonbPGetDatum(outcome->changes);
-		nulls[9] = 'n';
-	}
 	else
-	{
 		nulls[7] = 'n';
+	if (outcome->kind == OUTCOME_ERROR)
 		args[9] = JsonbPGetDatum(outcome->error);
-	}
+	else
+		nulls[9] = 'n';
+	if (outcome->signal)
+		args[11] = JsonbPGetDatum(outcome->signal);
+	else
+		nulls[11] = 'n';
 	if (outcome->kind == OUTCOME_OK && outcome->goto_node >= 0)
 		args[8] = CStringGetTextDatum(graph->nodes[outcome->goto_node].name);
 	else
@@ -783,7 +862,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
-	StepContext ctx = {flow, token, -1, false, 0};
+	StepContext ctx = {flow, token, -1, false, 0, 0, false, NULL, CurrentMemoryContext};
 	StepOutcome outcome = {0};
 	TimestampTz started = GetCurrentTimestamp();
 	int			token_id = token->id;
@@ -799,9 +878,11 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 	PG_TRY();
 	{
 		outcome.changes = CallTask(flow, token, &ctx);
-		outcome.kind = ctx.retry ? OUTCOME_RETRY : OUTCOME_OK;
-		outcome.goto_node = ctx.retry ? -1 : ctx.goto_node;
-		if (ctx.retry || ctx.delay_us > 0)
+		outcome.kind = ctx.interrupted ? OUTCOME_INTERRUPT :
+			ctx.retry ? OUTCOME_RETRY : OUTCOME_OK;
+		outcome.goto_node = outcome.kind == OUTCOME_OK ? ctx.goto_node : -1;
+		outcome.signal = ctx.payload;
+		if (!ctx.interrupted && (ctx.retry || ctx.delay_us > 0))
 			outcome.wake_at = GetCurrentTimestamp() + ctx.delay_us;
 		advancing = true;
 		FlowAdvance(flow, token, &outcome);
@@ -830,6 +911,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 		outcome.changes = NULL;
 		outcome.goto_node = -1;
 		outcome.wake_at = 0;
+		outcome.signal = NULL;
 		outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
 		if (advancing)
 			broken = flow;
@@ -884,6 +966,8 @@ RunBatch(void)
 								 : dwarf_batch_size);
 	List	   *broken = NIL;	/* entries whose flow must be reloaded */
 	int			ran = 0;
+	int64	   *parked;			/* flows interrupted in this batch */
+	int			nparked = 0;
 	int64	   *closed;
 	int			nclosed = 0;
 	ListCell   *lc;
@@ -892,6 +976,7 @@ RunBatch(void)
 	if (batch == NIL)
 		return;
 
+	parked = palloc(sizeof(int64) * list_length(batch));
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -922,6 +1007,11 @@ RunBatch(void)
 			}
 			if (flow->status != FLOW_RUNNING)
 				WriteClose(flow);
+			else if (token && token->parked)
+			{
+				ParkRow(flow, token);
+				parked[nparked++] = flow->id;
+			}
 		}
 		PopActiveSnapshot();
 		SPI_finish();
@@ -985,6 +1075,7 @@ RunBatch(void)
 		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
 	pg_atomic_fetch_add_u64(&MySlot->steps, ran);
 	DwarfWakeWaiters(closed, nclosed);
+	DwarfWakeWaiters(parked, nparked);
 	pg_atomic_fetch_add_u64(&MySlot->batches, 1);
 	list_free_deep(batch);
 }
