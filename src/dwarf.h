@@ -267,6 +267,7 @@ struct Cohort
 	int			pending;		/* branches neither arrived nor ended */
 	int			fan_in;			/* where the first arrival waits, or -1 */
 	List	  **deltas;			/* per branch, set when it arrives or ends */
+	List	   *drop_keys;		/* for_each keys, removed again at the fan-in */
 	bool	   *reached;		/* per branch: arrived at the fan-in */
 };
 

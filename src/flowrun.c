@@ -289,6 +289,16 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
 	cohort->fan_in = -1;
 	cohort->deltas = palloc0(sizeof(List *) * n);
 	cohort->reached = palloc0(sizeof(bool) * n);
+	for (b = 0; b < n; b++)
+	{
+		Edge	   *edge = ((Branch *) list_nth(branches, b))->edge;
+
+		if (edge && !list_member_ptr(cohort->drop_keys, edge->as))
+			cohort->drop_keys = list_concat(cohort->drop_keys,
+											list_make3(edge->as,
+													   psprintf("%sIndex", edge->as),
+													   psprintf("%sCount", edge->as)));
+	}
 	DropToken(flow, token);
 
 	for (b = 0; b < n; b++)
@@ -365,6 +375,18 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 			merged = MergeChanges(merged, lfirst(lc), graph->reducers, graph->nreducers);
 			all_deltas = lappend(all_deltas, lfirst(lc));
 		}
+	}
+
+	if (cohort->drop_keys != NIL)
+	{
+		int			nkeys = list_length(cohort->drop_keys);
+		const char **keys = palloc(sizeof(char *) * nkeys);
+		ListCell   *lc;
+
+		b = 0;
+		foreach(lc, cohort->drop_keys)
+			keys[b++] = lfirst(lc);
+		merged = JsonbWithoutKeys(merged, nkeys, keys);
 	}
 
 	if (cohort->fan_in >= 0)
