@@ -36,11 +36,22 @@ CREATE TABLE dwarf.flow (
 	interrupt_payload jsonb,
 	resume_data jsonb,
 	cancel_reason text,
+	thread		text,
+	baggage		jsonb,
+	fairness_key text,
+	fairness_weight int NOT NULL DEFAULT 1,
+	time_budget interval,
+	delete_on_completion boolean NOT NULL DEFAULT false,
+	start_task	text,
+	parent_id	bigint,
+	parent_key	text,
 	created_at	timestamptz NOT NULL DEFAULT now(),
 	finished_at timestamptz
 ) WITH (fillfactor = 90);
 CREATE UNIQUE INDEX flow_idempotency_key ON dwarf.flow (owner, idempotency_key)
 	WHERE idempotency_key IS NOT NULL;
+CREATE INDEX flow_thread ON dwarf.flow (thread, id) WHERE thread IS NOT NULL;
+CREATE UNIQUE INDEX flow_parent ON dwarf.flow (parent_id, parent_key) WHERE parent_id IS NOT NULL;
 COMMENT ON TABLE dwarf.flow IS
 	'One row per flow. Written when the flow is created and when it closes; '
 	'a running flow''s progress lives in dwarf.step';
@@ -48,6 +59,16 @@ COMMENT ON COLUMN dwarf.flow.state IS
 	'Final state once the flow has closed, or the state at an interrupt; NULL while it runs (see dwarf.snapshot)';
 COMMENT ON COLUMN dwarf.flow.resume_data IS
 	'What dwarf.resume handed over, until the owning worker records it as a step';
+COMMENT ON COLUMN dwarf.flow.baggage IS
+	'JSON every task of the flow can read with dwarf.baggage(); not part of the state';
+COMMENT ON COLUMN dwarf.flow.fairness_key IS
+	'Within a priority, ready steps are dispatched in proportion to fairness_weight across keys';
+COMMENT ON COLUMN dwarf.flow.time_budget IS
+	'How long one step may run; a task past it is stopped and its step fails';
+COMMENT ON COLUMN dwarf.flow.start_task IS
+	'The task the flow starts at, when not the graph''s entry (dwarf.fork)';
+COMMENT ON COLUMN dwarf.flow.parent_id IS
+	'For a child flow started by dwarf.subgraph: the parent flow (parent_key: which call)';
 
 CREATE SEQUENCE dwarf.step_seq CACHE 64;
 
@@ -127,12 +148,18 @@ COMMENT ON FUNCTION dwarf.define(text, jsonb) IS
 
 CREATE FUNCTION dwarf.create(graph text, input jsonb DEFAULT '{}',
 							 priority int DEFAULT 0,
-							 idempotency_key text DEFAULT NULL)
+							 idempotency_key text DEFAULT NULL,
+							 fairness_key text DEFAULT NULL,
+							 fairness_weight int DEFAULT 1,
+							 time_budget interval DEFAULT NULL,
+							 delete_on_completion boolean DEFAULT false,
+							 baggage jsonb DEFAULT NULL,
+							 thread text DEFAULT NULL)
 	RETURNS bigint
 	LANGUAGE c
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_create';
-COMMENT ON FUNCTION dwarf.create(text, jsonb, int, text) IS
+COMMENT ON FUNCTION dwarf.create(text, jsonb, int, text, text, int, interval, boolean, jsonb, text) IS
 	'Creates a flow of the latest version of a graph; it starts when the calling transaction commits';
 
 CREATE FUNCTION dwarf.await(flow_id bigint, timeout interval DEFAULT '30 s')
@@ -146,12 +173,18 @@ COMMENT ON FUNCTION dwarf.await(bigint, interval) IS
 CREATE FUNCTION dwarf.run(graph text, input jsonb DEFAULT '{}',
 						  timeout interval DEFAULT '30 s',
 						  priority int DEFAULT 0,
-						  idempotency_key text DEFAULT NULL)
+						  idempotency_key text DEFAULT NULL,
+						  fairness_key text DEFAULT NULL,
+						  fairness_weight int DEFAULT 1,
+						  time_budget interval DEFAULT NULL,
+						  delete_on_completion boolean DEFAULT false,
+						  baggage jsonb DEFAULT NULL,
+						  thread text DEFAULT NULL)
 	RETURNS dwarf.outcome
 	LANGUAGE c
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_run';
-COMMENT ON FUNCTION dwarf.run(text, jsonb, interval, int, text) IS
+COMMENT ON FUNCTION dwarf.run(text, jsonb, interval, int, text, text, int, interval, boolean, jsonb, text) IS
 	'Creates a flow (committed by the engine, independently of the caller) and awaits it';
 
 CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL)
@@ -204,6 +237,11 @@ CREATE FUNCTION dwarf.step_key() RETURNS text
 	AS 'MODULE_PATHNAME', 'dwarf_step_key';
 COMMENT ON FUNCTION dwarf.step_key() IS
 	'Inside a task: a key for this step, stable across attempts and crashes, for idempotent external calls';
+
+CREATE FUNCTION dwarf.baggage() RETURNS jsonb
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_baggage';
+COMMENT ON FUNCTION dwarf.baggage() IS 'Inside a task: the baggage the flow was created with';
 
 CREATE FUNCTION dwarf.flow_id() RETURNS bigint
 	LANGUAGE c

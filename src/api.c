@@ -28,6 +28,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/numeric.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
@@ -46,7 +47,7 @@ static bool PendingRescan = false;
 
 /* ---------- commit-time notes ---------- */
 
-static void
+void
 NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters)
 {
 	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
@@ -192,7 +193,7 @@ CheckInput(Jsonb *input)
 }
 
 /* A new flow id: this shard's number above the sequence's value. */
-static int64
+int64
 NewFlowId(void)
 {
 	SavedUser	saved = BecomeOwner();
@@ -291,56 +292,170 @@ dwarf_define(PG_FUNCTION_ARGS)
 
 /* ---------- create ---------- */
 
+static SPIPlanPtr InsertFlowPlan = NULL;
+static SPIPlanPtr FindKeyPlan = NULL;
+
 /*
- * Inserts a flow in the caller's transaction.  With an idempotency key that
- * the caller already used, returns that flow instead.
+ * Inserts a flow row (as the extension owner; the caller is connected to
+ * SPI).  With an idempotency key the owner already used, inserts nothing
+ * and returns that flow's id with *is_new false.  Options is a JSON object
+ * with the optional settings (fairness_key, time_budget, baggage, ...).
+ * Used by dwarf.create in the caller's transaction, and by workers for
+ * dwarf.run, dwarf.subgraph, dwarf.fork and dwarf.continue.
  */
-static int64
-CreateFlow(text *graph, Jsonb *input, int32 priority, text *key)
+int64
+InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
+		   text *key, Jsonb *input, Jsonb *options, bool *is_new)
 {
-	Oid			types[6] = {INT8OID, INT4OID, OIDOID, INT4OID, TEXTOID, JSONBOID};
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-	Oid			caller = GetUserId();
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	int64		id;
-	SavedUser	saved;
+	SavedUser	saved = BecomeOwner();
 
-	CheckInput(input);
-	Connect();
-	args[1] = Int32GetDatum(LatestGraph(graph));
-	args[0] = Int64GetDatum(NewFlowId());
-	args[2] = ObjectIdGetDatum(caller);
+	if (InsertFlowPlan == NULL)
+	{
+		Oid			types[7] = {INT8OID, INT4OID, OIDOID, INT4OID, TEXTOID, JSONBOID, JSONBOID};
+		Oid			keytypes[2] = {OIDOID, TEXTOID};
+
+		InsertFlowPlan = SPI_prepare(
+			"INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input,"
+			" fairness_key, fairness_weight, time_budget, delete_on_completion, baggage,"
+			" thread, start_task, parent_id, parent_key)"
+			" VALUES ($1, $2, $3::regrole, $4, $5, $6, $7->>'fairness_key',"
+			" coalesce(($7->>'fairness_weight')::int, 1), ($7->>'time_budget')::interval,"
+			" coalesce(($7->>'delete_on_completion')::boolean, false), $7->'baggage',"
+			" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key')"
+			" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+			" RETURNING id", 7, types);
+		FindKeyPlan = SPI_prepare(
+			"SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
+			2, keytypes);
+		if (InsertFlowPlan == NULL || FindKeyPlan == NULL)
+			elog(ERROR, "dwarf: could not prepare the flow insert");
+		SPI_keepplan(InsertFlowPlan);
+		SPI_keepplan(FindKeyPlan);
+	}
+
+	args[0] = Int64GetDatum(flow_id);
+	args[1] = Int32GetDatum(graph_id);
+	args[2] = ObjectIdGetDatum(owner);
 	args[3] = Int32GetDatum(priority);
 	if (key)
 		args[4] = PointerGetDatum(key);
 	else
 		nulls[4] = 'n';
 	args[5] = JsonbPGetDatum(input);
+	args[6] = JsonbPGetDatum(options ? options : JsonbEmptyObject());
 
-	saved = BecomeOwner();
-	Exec("INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input)"
-		 " VALUES ($1, $2, $3::regrole, $4, $5, $6)"
-		 " ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
-		 " RETURNING id",
-		 6, types, args, nulls, SPI_OK_INSERT_RETURNING);
-	if (SPI_processed == 1)
-	{
-		id = DatumGetInt64(args[0]);
-		NoteOnCommit(id, NOTE_NEW_FLOW, false);
-	}
-	else
+	if (SPI_execute_plan(InsertFlowPlan, args, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "dwarf: could not insert a flow");
+	*is_new = SPI_processed == 1;
+	if (!*is_new)
 	{
 		Datum		keyargs[2] = {args[2], args[4]};
-		Oid			keytypes[2] = {OIDOID, TEXTOID};
 
-		Exec("SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
-			 2, keytypes, keyargs, NULL, SPI_OK_SELECT);
-		if (SPI_processed != 1)
-			elog(ERROR, "dwarf: flow with idempotency key vanished");
-		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+		if (SPI_execute_plan(FindKeyPlan, keyargs, NULL, false, 1) != SPI_OK_SELECT ||
+			SPI_processed != 1)
+			elog(ERROR, "dwarf: the flow with idempotency key \"%s\" vanished",
+				 text_to_cstring(key));
 	}
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	RestoreUser(saved);
+	return id;
+}
+
+/*
+ * The optional create settings as one JSON object (what InsertFlow and a
+ * run request carry), from the arguments of dwarf.create/dwarf.run that
+ * follow idempotency_key, starting at argument first.
+ */
+static Jsonb *
+OptionsFromArgs(FunctionCallInfo fcinfo, int first)
+{
+	const char *keys[6];
+	JsonbValue	values[6];
+	int			n = 0;
+
+	if (!PG_ARGISNULL(first))
+	{
+		keys[n] = "fairness_key";
+		values[n].type = jbvString;
+		values[n].val.string.val = text_to_cstring(PG_GETARG_TEXT_PP(first));
+		values[n].val.string.len = strlen(values[n].val.string.val);
+		n++;
+	}
+	if (!PG_ARGISNULL(first + 1))
+	{
+		int32		weight = PG_GETARG_INT32(first + 1);
+
+		if (weight < 1 || weight > 10000)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("fairness_weight must be between 1 and 10000")));
+		keys[n] = "fairness_weight";
+		values[n].type = jbvNumeric;
+		values[n].val.numeric = int64_to_numeric(weight);
+		n++;
+	}
+	if (!PG_ARGISNULL(first + 2))
+	{
+		Interval   *budget = PG_GETARG_INTERVAL_P(first + 2);
+		char	   *text;
+
+		if (budget->time <= 0 && budget->day <= 0 && budget->month <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("time_budget must be positive")));
+		text = DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(budget)));
+		keys[n] = "time_budget";
+		values[n].type = jbvString;
+		values[n].val.string.val = text;
+		values[n].val.string.len = strlen(text);
+		n++;
+	}
+	if (!PG_ARGISNULL(first + 3) && PG_GETARG_BOOL(first + 3))
+	{
+		keys[n] = "delete_on_completion";
+		values[n].type = jbvBool;
+		values[n].val.boolean = true;
+		n++;
+	}
+	if (!PG_ARGISNULL(first + 4))
+	{
+		Jsonb	   *baggage = PG_GETARG_JSONB_P(first + 4);
+
+		keys[n] = "baggage";
+		values[n].type = jbvBinary;
+		values[n].val.binary.data = &baggage->root;
+		values[n].val.binary.len = VARSIZE(baggage) - VARHDRSZ;
+		n++;
+	}
+	if (!PG_ARGISNULL(first + 5))
+	{
+		keys[n] = "thread";
+		values[n].type = jbvString;
+		values[n].val.string.val = text_to_cstring(PG_GETARG_TEXT_PP(first + 5));
+		values[n].val.string.len = strlen(values[n].val.string.val);
+		n++;
+	}
+	return JsonbWithKeys(JsonbEmptyObject(), n, keys, values);
+}
+
+/* Inserts a flow in the caller's transaction; its worker hears at commit. */
+static int64
+CreateFlow(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options)
+{
+	int64		id;
+	int32		graph_id;
+	bool		is_new;
+
+	CheckInput(input);
+	Connect();
+	graph_id = LatestGraph(graph);
+	id = InsertFlow(NewFlowId(), graph_id, GetUserId(), priority, key, input, options, &is_new);
+	if (is_new)
+		NoteOnCommit(id, NOTE_NEW_FLOW, false);
 	SPI_finish();
 	return id;
 }
@@ -368,7 +483,8 @@ dwarf_create(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 2, "priority");
 	PG_RETURN_INT64(CreateFlow(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 							   PG_GETARG_INT32(2),
-							   PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3)));
+							   PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3),
+							   OptionsFromArgs(fcinfo, 4)));
 }
 
 /* ---------- await ---------- */
@@ -392,10 +508,11 @@ TimeoutMs(Interval *timeout)
 
 /*
  * Reads a flow's outcome with a fresh snapshot.  Returns false when the flow
- * is still running.  Errors if the caller cannot see it.
+ * is still running.  Errors if the caller cannot see it, unless it existed
+ * before: then it was deleted on completion.
  */
 static bool
-ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first)
+ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 {
 	Oid			types[1] = {INT8OID};
 	Datum		args[1] = {Int64GetDatum(flow_id)};
@@ -408,6 +525,16 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first)
 	Exec("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin"
 		 " FROM dwarf.flow WHERE id = $1",
 		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0 && existed)
+	{
+		/* Deleted on completion: its outcome is gone with it. */
+		memset(nulls, true, sizeof(bool) * 6);
+		values[0] = Int64GetDatum(flow_id);
+		nulls[0] = false;
+		values[1] = CStringGetTextDatum("completed");
+		nulls[1] = false;
+		return true;
+	}
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -446,7 +573,7 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first)
  * that commits the flow's end sets it.
  */
 static void
-AwaitFlow(int64 flow_id, int64 timeout_ms, Datum *values, bool *nulls)
+AwaitFlow(int64 flow_id, int64 timeout_ms, Datum *values, bool *nulls, bool existed)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[MyProc->pgprocno] : NULL;
@@ -461,8 +588,9 @@ AwaitFlow(int64 flow_id, int64 timeout_ms, Datum *values, bool *nulls)
 		{
 			long		remaining;
 
-			if (ReadOutcome(flow_id, values, nulls, first))
+			if (ReadOutcome(flow_id, values, nulls, first, existed))
 				break;
+			existed = true;
 			if (first && IsolationUsesXactSnapshot())
 				ereport(ERROR,
 						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -509,7 +637,7 @@ dwarf_await(PG_FUNCTION_ARGS)
 
 	CheckNotNull(fcinfo, 0, "flow_id");
 	CheckNotNull(fcinfo, 1, "timeout");
-	AwaitFlow(PG_GETARG_INT64(0), TimeoutMs(PG_GETARG_INTERVAL_P(1)), values, nulls);
+	AwaitFlow(PG_GETARG_INT64(0), TimeoutMs(PG_GETARG_INTERVAL_P(1)), values, nulls, false);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }
 
@@ -549,13 +677,14 @@ WaitForOwner(int64 flow_id)
  * other callers' creates) and answers with the flow id.
  */
 static int64
-CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key)
+CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options)
 {
 	DwarfRequest *req;
 	RunRequest *r;
 	dsm_segment *seg;
 	Size		keylen = key ? VARSIZE_ANY_EXHDR(key) : 0;
 	Size		inputlen = VARSIZE(input);
+	Size		optionslen = VARSIZE(options);
 	int64		flow_id;
 	DwarfWorkerSlot *slot;
 	volatile int64 result = 0;
@@ -571,7 +700,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key)
 	flow_id = NewFlowId();
 	slot = WaitForOwner(flow_id);
 
-	seg = dsm_create(offsetof(RunRequest, data) + keylen + inputlen, 0);
+	seg = dsm_create(offsetof(RunRequest, data) + keylen + inputlen + optionslen, 0);
 	r = dsm_segment_address(seg);
 	r->flow_id = flow_id;
 	r->graph_id = graph_id;
@@ -579,9 +708,11 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key)
 	r->priority = priority;
 	r->keylen = keylen;
 	r->inputlen = inputlen;
+	r->optionslen = optionslen;
 	if (keylen)
 		memcpy(r->data, VARDATA_ANY(key), keylen);
 	memcpy(r->data + keylen, input, inputlen);
+	memcpy(r->data + keylen + inputlen, options, optionslen);
 
 	req = &Dwarf->requests[MyProc->pgprocno];
 	SpinLockAcquire(&req->mutex);
@@ -657,8 +788,9 @@ dwarf_run(PG_FUNCTION_ARGS)
 	timeout_ms = TimeoutMs(PG_GETARG_INTERVAL_P(2));
 	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 								  PG_GETARG_INT32(3),
-								  PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4));
-	AwaitFlow(flow_id, timeout_ms, values, nulls);
+								  PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4),
+								  OptionsFromArgs(fcinfo, 5));
+	AwaitFlow(flow_id, timeout_ms, values, nulls, true);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }
 

@@ -184,3 +184,16 @@ dwarf_interrupt(PG_FUNCTION_ARGS)
 	}
 	PG_RETURN_NULL();
 }
+
+PG_FUNCTION_INFO_V1(dwarf_baggage);
+
+/* dwarf.baggage(): the JSON the flow was created with, or NULL. */
+Datum
+dwarf_baggage(PG_FUNCTION_ARGS)
+{
+	StepContext *step = CurrentStep("dwarf.baggage()");
+
+	if (step->flow->baggage == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(datumCopy(JsonbPGetDatum(step->flow->baggage), false, -1));
+}

@@ -102,7 +102,8 @@ typedef struct RunRequest
 	int32		priority;
 	int32		keylen;			/* idempotency key bytes, 0 if none */
 	Size		inputlen;		/* bytes of the flat jsonb input */
-	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, then the jsonb */
+	Size		optionslen;		/* bytes of the flat jsonb options */
+	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, input, options */
 } RunRequest;
 
 typedef struct DwarfShared
@@ -277,6 +278,11 @@ typedef struct FlowRun
 	Graph	   *graph;
 	Oid			owner;
 	int32		priority;
+	Jsonb	   *baggage;		/* or NULL */
+	char	   *fairness_key;	/* or NULL */
+	int32		fairness_weight;
+	int64		time_budget_ms; /* 0 for none */
+	bool		delete_on_completion;
 	FlowStatus	status;
 	Jsonb	   *final_state;
 	char	   *error;
@@ -306,7 +312,7 @@ typedef struct StepOutcome
 	Jsonb	   *error;			/* error: {message, sqlstate, detail, hint, task} */
 } StepOutcome;
 
-extern FlowRun *FlowRunCreate(FlowRun *flow, Graph *graph, Jsonb *input,
+extern FlowRun *FlowRunCreate(FlowRun *flow, Graph *graph, int start, Jsonb *input,
 							 MemoryContext parent);
 extern Token *FlowFindToken(FlowRun *flow, int token_id);
 extern void FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome);
@@ -332,6 +338,10 @@ extern StepContext *DwarfCurrentStep;
 /* ---------- api.c ---------- */
 
 extern void DwarfXactCallback(XactEvent event, void *arg);
+extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
+						text *key, Jsonb *input, Jsonb *options, bool *is_new);
+extern int64 NewFlowId(void);
+extern void NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters);
 extern Oid	DwarfExtensionOwner(void);
 extern void DwarfRescanOnCommit(void);
 

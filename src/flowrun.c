@@ -46,9 +46,9 @@ DropToken(FlowRun *flow, Token *token)
 	pfree(token);
 }
 
-/* Sets up a flow that starts at the entry with its input as state. */
+/* Sets up a flow that starts at task start with its input as state. */
 FlowRun *
-FlowRunCreate(FlowRun *flow, Graph *graph, Jsonb *input, MemoryContext parent)
+FlowRunCreate(FlowRun *flow, Graph *graph, int start, Jsonb *input, MemoryContext parent)
 {
 	MemoryContext old;
 
@@ -61,7 +61,7 @@ FlowRunCreate(FlowRun *flow, Graph *graph, Jsonb *input, MemoryContext parent)
 	flow->next_due = 0;
 	flow->tokens = NIL;
 	old = MemoryContextSwitchTo(flow->cxt);
-	NewToken(flow, graph->entry, (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input)),
+	NewToken(flow, start, (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input)),
 			 NULL, 0, NIL);
 	MemoryContextSwitchTo(old);
 	return flow;

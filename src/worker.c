@@ -38,11 +38,25 @@
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
+#include "utils/timeout.h"
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
 
 /* A runnable token in the ready queue: lower priority first, then FIFO. */
+/* A fairness key's virtual clock: how far its flows have been served. */
+typedef struct FairKey
+{
+	char		key[NAMEDATALEN];	/* hash key; "" for flows without one */
+	double		pass;
+} FairKey;
+
+/*
+ * A token in the ready queue or on the timer heap.  The ready queue runs
+ * lower priority first; within a priority, lower virtual time first, which
+ * serves fairness keys in proportion to their weights (stride scheduling);
+ * then first come, first served.
+ */
 typedef struct ReadyEntry
 {
 	pairingheap_node ph;
@@ -51,6 +65,9 @@ typedef struct ReadyEntry
 	int32		priority;
 	uint64		seq;
 	TimestampTz due;
+	FairKey    *fair;
+	int32		weight;
+	double		vtime;
 } ReadyEntry;
 
 typedef struct GraphEntry
@@ -75,6 +92,8 @@ static HTAB *Flows = NULL;
 static HTAB *Graphs = NULL;
 static pairingheap *Ready = NULL;
 static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
+static HTAB *FairKeys = NULL;
+static double VirtualTime = 0;	/* vtime of the last entry run */
 static uint64 ReadySeq = 0;
 static int64 ReadyCount = 0;
 
@@ -88,9 +107,8 @@ static SPIPlanPtr LoadFlowsPlan = NULL;
 static SPIPlanPtr ScanFlowsPlan = NULL;
 static SPIPlanPtr LoadStepsPlan = NULL;
 static SPIPlanPtr LoadGraphPlan = NULL;
-static SPIPlanPtr InsertFlowPlan = NULL;
-static SPIPlanPtr FindKeyPlan = NULL;
 static SPIPlanPtr ParkFlowPlan = NULL;
+static SPIPlanPtr DeleteFlowPlan = NULL;
 static SPIPlanPtr ResumedPlan = NULL;
 
 /* ---------- the ready queue ---------- */
@@ -103,7 +121,34 @@ ReadyCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
 
 	if (x->priority != y->priority)
 		return x->priority < y->priority ? 1 : -1;
+	if (x->vtime != y->vtime)
+		return x->vtime < y->vtime ? 1 : -1;
 	return x->seq < y->seq ? 1 : (x->seq > y->seq ? -1 : 0);
+}
+
+/* Puts an entry on the ready queue, charging its fairness key. */
+static void
+MakeReady(ReadyEntry *entry)
+{
+	entry->fair->pass = Max(entry->fair->pass, VirtualTime) + 1.0 / entry->weight;
+	entry->vtime = entry->fair->pass;
+	pairingheap_add(Ready, &entry->ph);
+	ReadyCount++;
+}
+
+static FairKey *
+GetFairKey(const char *key)
+{
+	char		name[NAMEDATALEN] = {0};
+	FairKey    *fair;
+	bool		found;
+
+	if (key)
+		strlcpy(name, key, NAMEDATALEN);
+	fair = hash_search(FairKeys, name, HASH_ENTER, &found);
+	if (!found)
+		fair->pass = VirtualTime;
+	return fair;
 }
 
 static int
@@ -140,14 +185,13 @@ EnqueueRunnable(FlowRun *flow)
 		entry->priority = flow->priority;
 		entry->seq = ReadySeq++;
 		entry->due = token->due;
+		entry->fair = GetFairKey(flow->fairness_key);
+		entry->weight = Max(flow->fairness_weight, 1);
 		token->queued = true;
 		if (token->due > now)
 			pairingheap_add(Timers, &entry->ph);
 		else
-		{
-			pairingheap_add(Ready, &entry->ph);
-			ReadyCount++;
-		}
+			MakeReady(entry);
 	}
 }
 
@@ -168,8 +212,7 @@ MoveDueTimers(void)
 		if (entry->due > now)
 			return TimestampDifferenceMilliseconds(now, entry->due) + 1;
 		(void) pairingheap_remove_first(Timers);
-		pairingheap_add(Ready, &entry->ph);
-		ReadyCount++;
+		MakeReady(entry);
 	}
 	return -1;
 }
@@ -200,8 +243,6 @@ PreparePlans(void)
 	Oid			scan_types[2] = {INT4OID, INT4OID};
 	Oid			int8_type[1] = {INT8OID};
 	Oid			int4_type[1] = {INT4OID};
-	Oid			flow_types[6] = {INT8OID, INT4OID, OIDOID, INT4OID, TEXTOID, JSONBOID};
-	Oid			key_types[2] = {OIDOID, TEXTOID};
 
 	if (InsertStepPlan != NULL)
 		return;
@@ -215,8 +256,10 @@ PreparePlans(void)
 		" WHERE id = $1 AND status = 'running'",
 		4, close_types);
 	LoadFlowsPlan = Prepare(
-		"SELECT id, graph_id, owner::oid, priority, input, resume_data FROM dwarf.flow"
-		" WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
+		"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage,"
+		" fairness_key, fairness_weight,"
+		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task"
+		" FROM dwarf.flow WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
 		1, ids_type);
 	ScanFlowsPlan = Prepare(
 		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
@@ -229,19 +272,14 @@ PreparePlans(void)
 	LoadGraphPlan = Prepare(
 		"SELECT definition FROM dwarf.graph WHERE id = $1",
 		1, int4_type);
-	InsertFlowPlan = Prepare(
-		"INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input)"
-		" VALUES ($1, $2, $3::regrole, $4, $5, $6)"
-		" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
-		" RETURNING id",
-		6, flow_types);
-	FindKeyPlan = Prepare(
-		"SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
-		2, key_types);
 	ParkFlowPlan = Prepare(
 		"UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2, state = $3"
 		" WHERE id = $1 AND status = 'running'",
 		3, park_types);
+	DeleteFlowPlan = Prepare(
+		"WITH f AS (DELETE FROM dwarf.flow WHERE id = $1 AND status = 'running'),"
+		" s AS (DELETE FROM dwarf.step WHERE flow_id = $1) SELECT 1",
+		1, int8_type);
 	ResumedPlan = Prepare(
 		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
 		1, int8_type);
@@ -370,12 +408,23 @@ ReplaySteps(FlowRun *flow)
 	}
 }
 
-/* Writes a closed flow's row: its status, final state and error. */
+/*
+ * Writes a closed flow's row: its status, final state and error.  A flow
+ * created with delete_on_completion that completed is deleted instead.
+ */
 static void
 WriteClose(FlowRun *flow)
 {
 	Datum		args[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
+
+	if (flow->delete_on_completion && flow->status == FLOW_COMPLETED)
+	{
+		args[0] = Int64GetDatum(flow->id);
+		if (SPI_execute_plan(DeleteFlowPlan, args, NULL, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not delete flow " INT64_FORMAT, flow->id);
+		return;
+	}
 
 	args[0] = Int64GetDatum(flow->id);
 	args[1] = CStringGetTextDatum(flow->status == FLOW_COMPLETED ? "completed" : "failed");
@@ -451,22 +500,41 @@ ApplyResume(FlowRun *flow, Jsonb *data)
 }
 
 /*
- * Puts a flow in memory from its row (and, with replay, its steps).
- * Returns the flow, or NULL when the row is not a running flow of ours.
+ * Puts a flow in memory from its row as LoadFlowsPlan reads it (and, with
+ * replay, its steps).  Returns the flow.
  */
 static FlowRun *
-AddFlow(int64 id, int graph_id, Oid owner, int32 priority, Jsonb *input, bool replay)
+AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 {
+	bool		isnull;
+	int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	Graph	   *graph = GetGraph(DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)));
 	bool		found;
 	FlowRun    *flow;
-	Graph	   *graph = GetGraph(graph_id);
+	Datum		d;
+	char	   *start_task;
+	int			start = graph->entry;
+	MemoryContext old;
 
 	flow = hash_search(Flows, &id, HASH_ENTER, &found);
 	if (found)
 		return flow;
-	FlowRunCreate(flow, graph, input, WorkerContext);
-	flow->owner = owner;
-	flow->priority = priority;
+	start_task = SPI_getvalue(tup, desc, 12);
+	if (start_task && GraphNodeByName(graph, start_task) >= 0)
+		start = GraphNodeByName(graph, start_task);
+	FlowRunCreate(flow, graph, start,
+				  DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)), WorkerContext);
+	flow->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
+	flow->priority = DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull));
+	old = MemoryContextSwitchTo(flow->cxt);
+	d = SPI_getbinval(tup, desc, 7, &isnull);
+	flow->baggage = isnull ? NULL : (Jsonb *) PG_DETOAST_DATUM_COPY(d);
+	flow->fairness_key = SPI_getvalue(tup, desc, 8);
+	MemoryContextSwitchTo(old);
+	flow->fairness_weight = DatumGetInt32(SPI_getbinval(tup, desc, 9, &isnull));
+	d = SPI_getbinval(tup, desc, 10, &isnull);
+	flow->time_budget_ms = isnull ? 0 : DatumGetInt64(d);
+	flow->delete_on_completion = DatumGetBool(SPI_getbinval(tup, desc, 11, &isnull));
 	if (replay)
 		ReplaySteps(flow);
 	pg_atomic_fetch_add_u64(&MySlot->flows_loaded, 1);
@@ -542,12 +610,7 @@ LoadFlows(void)
 			FlowRun    *flow;
 			Datum		d;
 
-			flow = AddFlow(DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull)),
-						   DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)),
-						   DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull)),
-						   DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)),
-						   DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)),
-						   any_replay);
+			flow = AddFlow(tup, desc, any_replay);
 			d = SPI_getbinval(tup, desc, 6, &isnull);
 			if (!isnull)
 				ApplyResume(flow, DatumGetJsonbP(d));
@@ -590,10 +653,6 @@ typedef struct Created
 	int			procno;
 	int64		flow_id;
 	bool		is_new;
-	int32		graph_id;
-	Oid			owner;
-	int32		priority;
-	Jsonb	   *input;
 } Created;
 
 static void
@@ -616,44 +675,18 @@ AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, const char *ms
 static void
 InsertRequestedFlow(RunRequest *r, Created *c)
 {
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	text	   *key = r->keylen > 0 ? cstring_to_text_with_len(r->data, r->keylen) : NULL;
 	Jsonb	   *input = (Jsonb *) (r->data + r->keylen);
-	bool		isnull;
+	Jsonb	   *options = (Jsonb *) (r->data + r->keylen + r->inputlen);
 
-	args[0] = Int64GetDatum(r->flow_id);
-	args[1] = Int32GetDatum(r->graph_id);
-	args[2] = ObjectIdGetDatum(r->owner);
-	args[3] = Int32GetDatum(r->priority);
-	if (r->keylen > 0)
-		args[4] = PointerGetDatum(cstring_to_text_with_len(r->data, r->keylen));
-	else
-		nulls[4] = 'n';
-	args[5] = JsonbPGetDatum(input);
-
-	if (SPI_execute_plan(InsertFlowPlan, args, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
-		elog(ERROR, "dwarf: could not insert a flow");
-	c->is_new = SPI_processed == 1;
-	if (!c->is_new)
-	{
-		Datum		keyargs[2] = {args[2], args[4]};
-
-		if (SPI_execute_plan(FindKeyPlan, keyargs, NULL, false, 1) != SPI_OK_SELECT ||
-			SPI_processed != 1)
-			elog(ERROR, "dwarf: flow with idempotency key vanished");
-	}
-	c->flow_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-											 SPI_tuptable->tupdesc, 1, &isnull));
-	c->graph_id = r->graph_id;
-	c->owner = r->owner;
-	c->priority = r->priority;
-	c->input = (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input));
+	c->flow_id = InsertFlow(r->flow_id, r->graph_id, r->owner, r->priority, key,
+							input, options, &c->is_new);
 }
 
 /*
  * Commits the flows that dwarf.run callers handed over, all in one
  * transaction, then tells each caller its flow id.  The new flows are ours
- * (callers pick the owning worker), so they go straight into memory.
+ * (callers pick the owning worker): they are loaded right after.
  */
 static void
 ProcessRunRequests(List *procnos)
@@ -690,7 +723,6 @@ ProcessRunRequests(List *procnos)
 				InsertRequestedFlow(dsm_segment_address(seg), c);
 				created = lappend(created, c);
 				MemoryContextSwitchTo(old);
-				(void) GetGraph(c->graph_id);	/* cached for AddFlow below */
 			}
 			dsm_detach(seg);
 		}
@@ -718,9 +750,8 @@ ProcessRunRequests(List *procnos)
 	{
 		Created    *c = lfirst(lc);
 
-		if (c->is_new && DwarfWorkerOf(c->flow_id) == MySlot->index)
-			EnqueueRunnable(AddFlow(c->flow_id, c->graph_id, c->owner, c->priority,
-									c->input, false));
+		if (c->is_new)
+			NoteLoad(c->flow_id, false);
 		AnswerRequest(c->procno, REQ_DONE, c->flow_id, NULL);
 	}
 }
@@ -760,12 +791,16 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 	SetUserIdAndSecContext(flow->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	nest = NewGUCNestLevel();
 	DwarfCurrentStep = ctx;
+	if (flow->time_budget_ms > 0)
+		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(flow->time_budget_ms, INT_MAX));
 
 	InitFunctionCallInfoData(*fcinfo, &node->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = JsonbPGetDatum(token->state);
 	fcinfo->args[0].isnull = false;
 	result = FunctionCallInvoke(fcinfo);
 
+	if (flow->time_budget_ms > 0)
+		disable_timeout(STATEMENT_TIMEOUT, false);
 	DwarfCurrentStep = NULL;
 	AtEOXact_GUC(true, nest);
 	SetUserIdAndSecContext(save_user, save_sec);
@@ -898,11 +933,16 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 		ErrorData  *edata;
 
 		DwarfCurrentStep = NULL;
+		if (flow->time_budget_ms > 0)
+			disable_timeout(STATEMENT_TIMEOUT, false);
 		if (!isolated)
 			PG_RE_THROW();
 		MemoryContextSwitchTo(cxt);
 		edata = CopyErrorData();
 		FlushErrorState();
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && flow->time_budget_ms > 0)
+			edata->message = psprintf("task \"%s\" ran past its time budget of " INT64_FORMAT " ms",
+									  flow->graph->nodes[node].name, flow->time_budget_ms);
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
@@ -941,6 +981,7 @@ PopBatch(int max)
 		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 
 		ReadyCount--;
+		VirtualTime = entry->vtime;
 		if (token && token->queued && flow->status == FLOW_RUNNING)
 		{
 			token->queued = false;
@@ -1189,6 +1230,9 @@ DwarfWorkerMain(Datum arg)
 	ctl.keysize = sizeof(int);
 	ctl.entrysize = sizeof(GraphEntry);
 	Graphs = hash_create("dwarf graphs", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	ctl.keysize = NAMEDATALEN;
+	ctl.entrysize = sizeof(FairKey);
+	FairKeys = hash_create("dwarf fairness keys", 64, &ctl, HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 	Ready = pairingheap_allocate(ReadyCompare, NULL);
 	Timers = pairingheap_allocate(TimerCompare, NULL);
 	CacheRegisterSyscacheCallback(PROCOID, ProcInvalidated, (Datum) 0);
