@@ -94,6 +94,7 @@ CREATE TABLE dwarf.step (
 	error		jsonb,
 	PRIMARY KEY (flow_id, step_id)
 );
+CREATE INDEX step_step_id ON dwarf.step USING brin (step_id);
 COMMENT ON TABLE dwarf.step IS
 	'Durable step log: one row per task execution, in execution order per flow';
 COMMENT ON COLUMN dwarf.step.token IS
@@ -304,6 +305,134 @@ CREATE FUNCTION dwarf.step(flow_id bigint, task text)
 	SELECT h.* FROM dwarf.history(step.flow_id) h WHERE h.task = step.task
 $$;
 COMMENT ON FUNCTION dwarf.step(bigint, text) IS 'The steps that ran one task of a flow, in order';
+
+CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
+						   since timestamptz DEFAULT NULL, until timestamptz DEFAULT NULL,
+						   thread text DEFAULT NULL, error_like text DEFAULT NULL,
+						   before bigint DEFAULT NULL, "limit" int DEFAULT 100)
+	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
+				   thread text, error text, created_at timestamptz,
+				   finished_at timestamptz)
+	LANGUAGE sql STABLE
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT f.id, g.name, g.version, f.status, f.thread, f.error, f.created_at, f.finished_at
+	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	 WHERE (list.graph IS NULL OR g.name = list.graph)
+	   AND (list.status IS NULL OR f.status = list.status)
+	   AND (list.since IS NULL OR f.created_at >= list.since)
+	   AND (list.until IS NULL OR f.created_at < list.until)
+	   AND (list.thread IS NULL OR f.thread = list.thread)
+	   AND (list.error_like IS NULL OR f.error ILIKE list.error_like)
+	   AND (list.before IS NULL OR f.id < list.before)
+	 ORDER BY f.id DESC
+	 LIMIT list."limit"
+$$;
+COMMENT ON FUNCTION dwarf.list(text, text, timestamptz, timestamptz, text, text, bigint, int) IS
+	'The caller''s flows, newest first, filtered; pass the last flow_id seen as "before" for the next page';
+
+CREATE FUNCTION dwarf.history_mermaid(flow_id bigint) RETURNS text
+	LANGUAGE plpgsql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+DECLARE
+	def jsonb;
+	tasks text[];
+	out text := 'flowchart TD' || chr(10);
+	t record;
+	e jsonb;
+	i int;
+	froms text[];
+	tos text[];
+BEGIN
+	SELECT g.definition INTO def
+	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	 WHERE f.id = history_mermaid.flow_id;
+	IF def IS NULL THEN
+		RAISE EXCEPTION 'flow % does not exist', history_mermaid.flow_id
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	tasks := ARRAY(SELECT jsonb_object_keys(def -> 'tasks') ORDER BY 1);
+
+	/* One node per task, styled by the outcome of its last step. */
+	FOR t IN
+		SELECT k.name, k.n,
+			   (SELECT s.status FROM dwarf.step s
+				 WHERE s.flow_id = history_mermaid.flow_id AND s.task = k.name
+				 ORDER BY s.step_id DESC LIMIT 1) AS status,
+			   (SELECT count(*) FROM dwarf.step s
+				 WHERE s.flow_id = history_mermaid.flow_id AND s.task = k.name
+				   AND s.status IN ('completed', 'failed')) AS runs
+		  FROM unnest(tasks) WITH ORDINALITY AS k(name, n)
+	LOOP
+		out := out || format('    n%s["%s<br/>%s"]:::%s', t.n,
+							 replace(t.name, '"', '#quot;'),
+							 CASE WHEN t.status IS NULL THEN 'not run'
+								  ELSE t.status || CASE WHEN t.runs > 1 THEN ' x' || t.runs ELSE '' END END,
+							 coalesce(t.status, 'notrun')) || chr(10);
+	END LOOP;
+	out := out || '    END_(("END"))' || chr(10);
+
+	/* The edges of the definition; dotted when never taken. */
+	FOR e IN SELECT x FROM jsonb_array_elements(coalesce(def -> 'transitions', '[]')) x LOOP
+		IF e ? 'chain' THEN
+			froms := ARRAY(SELECT jsonb_array_elements_text(e -> 'chain'));
+			tos := froms[2:];
+			froms := froms[:array_length(froms, 1) - 1];
+		ELSE
+			tos := CASE jsonb_typeof(e -> 'to') WHEN 'array'
+						THEN ARRAY(SELECT jsonb_array_elements_text(e -> 'to'))
+						ELSE ARRAY[e ->> 'to'] END;
+			froms := array_fill(e ->> 'from', ARRAY[array_length(tos, 1)]);
+		END IF;
+		FOR i IN 1 .. coalesce(array_length(tos, 1), 0) LOOP
+			out := out || format('    %s %s %s',
+				'n' || array_position(tasks, froms[i]),
+				CASE WHEN e ? 'when' THEN '-->|when|'
+					 WHEN e ? 'switch' THEN '-->|switch|'
+					 WHEN e ? 'for_each' THEN '-->|for_each|'
+					 WHEN (e ->> 'goto')::boolean THEN '-.->|goto|'
+					 WHEN (e ->> 'on_error')::boolean THEN '-.->|on_error|'
+					 ELSE '-->' END,
+				CASE WHEN tos[i] = 'END' THEN 'END_' ELSE 'n' || array_position(tasks, tos[i]) END)
+				|| chr(10);
+		END LOOP;
+	END LOOP;
+
+	RETURN out
+		|| '    classDef completed fill:#d4edda,stroke:#28a745' || chr(10)
+		|| '    classDef failed fill:#f8d7da,stroke:#dc3545' || chr(10)
+		|| '    classDef retry fill:#fff3cd,stroke:#ffc107' || chr(10)
+		|| '    classDef interrupted fill:#d1ecf1,stroke:#17a2b8' || chr(10)
+		|| '    classDef resumed fill:#d1ecf1,stroke:#17a2b8' || chr(10)
+		|| '    classDef notrun fill:#eeeeee,stroke:#999999,stroke-dasharray:3' || chr(10);
+END
+$$;
+COMMENT ON FUNCTION dwarf.history_mermaid(bigint) IS
+	'A Mermaid flowchart of the flow''s graph, each task styled by the outcome of its last step';
+
+CREATE FUNCTION dwarf.fork(step_id bigint, overrides jsonb DEFAULT '{}')
+	RETURNS bigint
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_fork';
+COMMENT ON FUNCTION dwarf.fork(bigint, jsonb) IS
+	'A new flow of the same graph version that starts at the step''s task, from the state that step saw, with overrides merged in';
+
+CREATE FUNCTION dwarf.continue(flow_id bigint, input jsonb DEFAULT '{}')
+	RETURNS bigint
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_continue';
+COMMENT ON FUNCTION dwarf.continue(bigint, jsonb) IS
+	'A new flow in the same thread, of the graph''s latest version, starting from the closed flow''s final state with input merged in';
+
+CREATE FUNCTION dwarf.delete(flow_id bigint) RETURNS void
+	LANGUAGE c STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_delete';
+COMMENT ON FUNCTION dwarf.delete(bigint) IS
+	'Deletes a flow, its steps and its child flows, whatever their status';
 
 CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days')
 	RETURNS bigint

@@ -830,7 +830,29 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
 		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING status",
 		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
-	if (SPI_processed == 0)
+	if (SPI_processed == 1)
+	{
+		uint64		i;
+
+		/* Child flows started by dwarf.subgraph go with their parent. */
+		Exec("WITH RECURSIVE tree AS ("
+			 "  SELECT id FROM dwarf.flow WHERE parent_id = $1"
+			 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id)"
+			 " UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(),"
+			 "  cancel_reason = 'parent flow ' || $1 || ' cancelled'"
+			 " WHERE id IN (SELECT id FROM tree) AND status IN ('running', 'interrupted')"
+			 " RETURNING id",
+			 1, types, args, NULL, SPI_OK_UPDATE_RETURNING);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+
+			NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull)),
+						 NOTE_RELOAD_FLOW, true);
+		}
+	}
+	else
 	{
 		RestoreUser(saved);
 		Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
@@ -887,6 +909,181 @@ dwarf_resume(PG_FUNCTION_ARGS)
 						flow_id, status)));
 	SPI_finish();
 	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, false);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(dwarf_fork);
+
+/*
+ * dwarf.fork(step_id, overrides): a new flow of the same graph version that
+ * starts at the step's task, from the state the step saw (the flow's input
+ * with every earlier step's changes folded in), with overrides on top.
+ */
+Datum
+dwarf_fork(PG_FUNCTION_ARGS)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		args[1];
+	const char *keys[2] = {"start_task", "thread"};
+	JsonbValue	values[2];
+	int			nkeys = 1;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	int64		id;
+	bool		is_new;
+	char	   *task;
+	char	   *thread;
+	Jsonb	   *state;
+
+	CheckNotNull(fcinfo, 0, "step_id");
+	CheckNotNull(fcinfo, 1, "overrides");
+	CheckInput(PG_GETARG_JSONB_P(1));
+	args[0] = PG_GETARG_DATUM(0);
+	Connect();
+	Exec("SELECT s.task, f.graph_id, f.priority, f.thread,"
+		 "  dwarf.fold_changes(f.input,"
+		 "    (SELECT array_agg(p.changes ORDER BY p.step_id) FROM dwarf.step p"
+		 "      WHERE p.flow_id = s.flow_id AND p.step_id < s.step_id"
+		 "        AND p.status IN ('completed', 'retry')),"
+		 "    g.definition -> 'reducers')"
+		 " FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id"
+		 " JOIN dwarf.graph g ON g.id = f.graph_id WHERE s.step_id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("step " INT64_FORMAT " does not exist", DatumGetInt64(args[0]))));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	task = SPI_getvalue(tup, desc, 1);
+	thread = SPI_getvalue(tup, desc, 4);
+	state = DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull));
+	state = DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(state),
+											   PG_GETARG_DATUM(1)));
+	values[0].type = jbvString;
+	values[0].val.string.val = task;
+	values[0].val.string.len = strlen(task);
+	if (thread)
+	{
+		values[1].type = jbvString;
+		values[1].val.string.val = thread;
+		values[1].val.string.len = strlen(thread);
+		nkeys++;
+	}
+	id = InsertFlow(NewFlowId(), DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)),
+					GetUserId(), DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull)),
+					NULL, state, JsonbWithKeys(JsonbEmptyObject(), nkeys, keys, values),
+					&is_new);
+	NoteOnCommit(id, NOTE_NEW_FLOW, false);
+	SPI_finish();
+	PG_RETURN_INT64(id);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_continue);
+
+/*
+ * dwarf.continue(flow, input): the next flow of a conversation-like thread:
+ * the graph's latest version, starting from the closed flow's final state
+ * with input merged in.  A flow without a thread starts one named by its id.
+ */
+Datum
+dwarf_continue(PG_FUNCTION_ARGS)
+{
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2];
+	const char *key = "thread";
+	JsonbValue	value;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	char	   *status;
+	char	   *thread;
+	Jsonb	   *state;
+	int64		flow_id;
+	int64		id;
+	bool		is_new;
+	Datum		d;
+	SavedUser	saved;
+
+	CheckNotNull(fcinfo, 0, "flow_id");
+	CheckNotNull(fcinfo, 1, "input");
+	CheckInput(PG_GETARG_JSONB_P(1));
+	flow_id = PG_GETARG_INT64(0);
+	args[0] = Int64GetDatum(flow_id);
+	Connect();
+	Exec("SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input),"
+		 " (SELECT max(l.id) FROM dwarf.graph l WHERE l.name = g.name), f.priority"
+		 " FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	status = SPI_getvalue(tup, desc, 1);
+	if (strcmp(status, "running") == 0 || strcmp(status, "interrupted") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " cannot be continued: it is %s", flow_id, status),
+				 errhint("Continue a flow once it has closed.")));
+	thread = SPI_getvalue(tup, desc, 2);
+	d = SPI_getbinval(tup, desc, 3, &isnull);
+	state = DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, d, PG_GETARG_DATUM(1)));
+	value.type = jbvString;
+	value.val.string.val = thread;
+	value.val.string.len = strlen(thread);
+	id = InsertFlow(NewFlowId(), DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)),
+					GetUserId(), DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull)),
+					NULL, state, JsonbWithKeys(JsonbEmptyObject(), 1, &key, &value),
+					&is_new);
+
+	saved = BecomeOwner();
+	args[1] = CStringGetTextDatum(thread);
+	Exec("UPDATE dwarf.flow SET thread = $2 WHERE id = $1 AND thread IS NULL",
+		 2, types, args, NULL, SPI_OK_UPDATE);
+	RestoreUser(saved);
+	NoteOnCommit(id, NOTE_NEW_FLOW, false);
+	SPI_finish();
+	PG_RETURN_INT64(id);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_delete);
+
+/* dwarf.delete(flow): the flow, its steps and its child flows, gone. */
+Datum
+dwarf_delete(PG_FUNCTION_ARGS)
+{
+	int64		flow_id = PG_GETARG_INT64(0);
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow_id)};
+	SavedUser	saved;
+	uint64		i;
+
+	Connect();
+	Exec("SELECT 1 FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
+	saved = BecomeOwner();
+	Exec("WITH RECURSIVE tree AS ("
+		 "  SELECT $1::bigint AS id"
+		 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id),"
+		 " steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))"
+		 " DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id",
+		 1, types, args, NULL, SPI_OK_DELETE_RETURNING);
+	RestoreUser(saved);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+												 SPI_tuptable->tupdesc, 1, &isnull)),
+					 NOTE_RELOAD_FLOW, true);
+	}
+	SPI_finish();
 	PG_RETURN_VOID();
 }
 
