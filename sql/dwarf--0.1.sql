@@ -83,7 +83,7 @@ CREATE TABLE dwarf.step (
 	token		int NOT NULL,
 	task		text NOT NULL,
 	status		text NOT NULL
-				CHECK (status IN ('completed', 'failed', 'retry', 'interrupted', 'resumed')),
+				CHECK (status IN ('completed', 'failed', 'retry', 'interrupted', 'resumed', 'waiting')),
 	attempt		int NOT NULL,
 	started_at	timestamptz NOT NULL,
 	finished_at timestamptz NOT NULL,
@@ -102,7 +102,7 @@ COMMENT ON COLUMN dwarf.step.token IS
 COMMENT ON COLUMN dwarf.step.wake_at IS
 	'When what follows the step may run (dwarf.sleep, dwarf.retry backoff); NULL for at once';
 COMMENT ON COLUMN dwarf.step.signal IS
-	'The payload of an interrupted step, or the data a resumed step was given';
+	'The payload of an interrupted step, the data a resumed step was given, or the child a waiting step waits for';
 COMMENT ON COLUMN dwarf.step.error IS
 	'The task''s error as {message, sqlstate, detail, hint, task}; NULL on success';
 
@@ -232,6 +232,13 @@ CREATE FUNCTION dwarf.interrupt(payload jsonb DEFAULT NULL) RETURNS jsonb
 COMMENT ON FUNCTION dwarf.interrupt(jsonb) IS
 	'Inside a task: NULL the first time, and the flow parks as interrupted with the payload once the task returns; '
 	'after dwarf.resume(flow, data) the task runs again and the same call returns data';
+
+CREATE FUNCTION dwarf.subgraph(graph text, input jsonb DEFAULT '{}') RETURNS jsonb
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_subgraph';
+COMMENT ON FUNCTION dwarf.subgraph(text, jsonb) IS
+	'Inside a task: NULL the first time, and a child flow starts; when it completes the task runs again '
+	'and the same call returns the child''s final state (a failed child raises an error)';
 
 CREATE FUNCTION dwarf.step_key() RETURNS text
 	LANGUAGE c

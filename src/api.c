@@ -879,9 +879,13 @@ dwarf_resume(PG_FUNCTION_ARGS)
 {
 	int64		flow_id;
 	Oid			types[2] = {INT8OID, JSONBOID};
+	Oid			idtypes[2] = {INT8OID, INT8OID};
 	Datum		args[2];
+	Datum		upargs[2];
 	char	   *status;
 	SavedUser	saved;
+	int64		target;
+	bool		isnull;
 
 	CheckNotNull(fcinfo, 0, "flow_id");
 	flow_id = PG_GETARG_INT64(0);
@@ -897,7 +901,37 @@ dwarf_resume(PG_FUNCTION_ARGS)
 				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
 	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 
+	if (strcmp(status, "interrupted") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " cannot be resumed: it is %s, not interrupted",
+						flow_id, status)));
+
+	/*
+	 * A child flow's interrupt surfaces at its parents: resuming any of them
+	 * resumes the deepest interrupted flow below, and the ones between go
+	 * back to running.
+	 */
 	saved = BecomeOwner();
+	Exec("WITH RECURSIVE tree AS ("
+		 "  SELECT id, 0 AS depth FROM dwarf.flow WHERE id = $1"
+		 "  UNION ALL SELECT f.id, t.depth + 1 FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id"
+		 "   WHERE f.status IN ('running', 'interrupted'))"
+		 " SELECT tree.id FROM tree JOIN dwarf.flow f USING (id)"
+		 " WHERE f.status = 'interrupted' ORDER BY depth DESC LIMIT 1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	target = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	upargs[0] = args[0];
+	upargs[1] = Int64GetDatum(target);
+	if (target != flow_id)
+		Exec("WITH RECURSIVE up AS ("
+			 "  SELECT parent_id AS id FROM dwarf.flow WHERE id = $2::bigint"
+			 "  UNION ALL SELECT f.parent_id FROM dwarf.flow f JOIN up ON f.id = up.id"
+			 "   WHERE f.parent_id IS NOT NULL)"
+			 " UPDATE dwarf.flow SET status = 'running', interrupt_payload = NULL, state = NULL"
+			 " WHERE id IN (SELECT id FROM up) AND status = 'interrupted'",
+			 2, idtypes, upargs, NULL, SPI_OK_UPDATE);
+	args[0] = Int64GetDatum(target);
 	Exec("UPDATE dwarf.flow SET status = 'running', interrupt_payload = NULL, state = NULL,"
 		 " resume_data = $2 WHERE id = $1 AND status = 'interrupted' RETURNING id",
 		 2, types, args, NULL, SPI_OK_UPDATE_RETURNING);
@@ -905,9 +939,9 @@ dwarf_resume(PG_FUNCTION_ARGS)
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("flow " INT64_FORMAT " cannot be resumed: it is %s, not interrupted",
-						flow_id, status)));
+				 errmsg("flow " INT64_FORMAT " was resumed or cancelled meanwhile", target)));
 	SPI_finish();
+	flow_id = target;
 	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, false);
 	PG_RETURN_VOID();
 }

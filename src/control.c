@@ -8,8 +8,11 @@
 
 #include <math.h>
 
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
+#include "utils/numeric.h"
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
@@ -196,4 +199,105 @@ dwarf_baggage(PG_FUNCTION_ARGS)
 	if (step->flow->baggage == NULL)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(datumCopy(JsonbPGetDatum(step->flow->baggage), false, -1));
+}
+
+PG_FUNCTION_INFO_V1(dwarf_subgraph);
+
+/*
+ * dwarf.subgraph(graph, input): the first time, starts a child flow of the
+ * graph (owned by the same role) and returns NULL; the step then waits for
+ * the child without holding a worker.  When the child has closed, the task
+ * runs again and the same call returns the child's final state, or raises
+ * the child's error.  Calls are told apart by their order in the task.
+ */
+Datum
+dwarf_subgraph(PG_FUNCTION_ARGS)
+{
+	StepContext *step = CurrentStep("dwarf.subgraph()");
+	FlowRun    *flow = step->flow;
+	char	   *key;
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2];
+	Datum		result = (Datum) 0;
+	bool		isnull = true;
+	char	   *status;
+	char	   *graph;
+	Jsonb	   *input;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dwarf.subgraph needs a graph name")));
+	graph = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	input = PG_ARGISNULL(1) ? JsonbEmptyObject() : PG_GETARG_JSONB_P(1);
+	if (!JsonbIsObject(input))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("flow input must be a JSON object")));
+	key = psprintf("%d-%d-%s#%d", step->token->id, step->token->visits,
+				   flow->graph->nodes[step->token->node].name, step->subgraph_calls++);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "dwarf: SPI_connect failed");
+	args[0] = Int64GetDatum(flow->id);
+	args[1] = CStringGetTextDatum(key);
+	if (SPI_execute_with_args("SELECT id, status, state, error FROM dwarf.flow"
+							  " WHERE parent_id = $1 AND parent_key = $2",
+							  2, types, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not look up a child flow");
+
+	if (SPI_processed == 0)
+	{
+		Oid			gtypes[1] = {TEXTOID};
+		Datum		gargs[1] = {CStringGetTextDatum(graph)};
+		const char *keys[2] = {"parent_id", "parent_key"};
+		JsonbValue	values[2];
+		int32		graph_id;
+		bool		is_new;
+		int64		child;
+
+		if (SPI_execute_with_args("SELECT max(id) FROM dwarf.graph WHERE name = $1",
+								  1, gtypes, gargs, NULL, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not look up graph \"%s\"", graph);
+		graph_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+											   1, &isnull));
+		if (isnull)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("graph \"%s\" does not exist", graph)));
+		values[0].type = jbvNumeric;
+		values[0].val.numeric = int64_to_numeric(flow->id);
+		values[1].type = jbvString;
+		values[1].val.string.val = key;
+		values[1].val.string.len = strlen(key);
+		child = InsertFlow(NewFlowId(), graph_id, flow->owner, flow->priority, NULL, input,
+						   JsonbWithKeys(JsonbEmptyObject(), 2, keys, values), &is_new);
+		NoteOnCommit(child, NOTE_NEW_FLOW, false);
+		step->waiting_child = child;
+		SPI_finish();
+		PG_RETURN_NULL();
+	}
+
+	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	if (strcmp(status, "completed") == 0)
+	{
+		result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull);
+		if (!isnull)
+			result = SPI_datumTransfer(result, false, -1);
+	}
+	else if (strcmp(status, "failed") == 0 || strcmp(status, "cancelled") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+				 errmsg("subgraph \"%s\" (flow %s) %s: %s", graph,
+						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), status,
+						strcmp(status, "failed") == 0 ?
+						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4) :
+						"cancelled")));
+	else
+		step->waiting_child = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+														  SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	if (isnull)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(result);
 }

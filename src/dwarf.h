@@ -252,7 +252,8 @@ typedef struct Token
 	int			branch;			/* index within the cohort */
 	bool		queued;			/* in the worker's ready queue */
 	bool		running;		/* in the batch being run */
-	bool		parked;			/* interrupted, waiting for dwarf.resume */
+	bool		parked;			/* waiting for dwarf.resume, or for child */
+	int64		child;			/* the child flow it waits for, or 0 */
 	Jsonb	   *payload;		/* the interrupt's payload while parked */
 	List	   *resumes;		/* data given by dwarf.resume, for this step */
 } Token;
@@ -283,6 +284,7 @@ typedef struct FlowRun
 	int32		fairness_weight;
 	int64		time_budget_ms; /* 0 for none */
 	bool		delete_on_completion;
+	int64		parent_id;		/* a dwarf.subgraph child's parent, or 0 */
 	FlowStatus	status;
 	Jsonb	   *final_state;
 	char	   *error;
@@ -298,7 +300,8 @@ typedef enum OutcomeKind
 	OUTCOME_ERROR,
 	OUTCOME_RETRY,				/* the task called dwarf.retry and returned */
 	OUTCOME_INTERRUPT,			/* the task called dwarf.interrupt and returned */
-	OUTCOME_RESUMED				/* dwarf.resume gave the parked step data */
+	OUTCOME_RESUMED,			/* dwarf.resume gave the parked step data */
+	OUTCOME_WAITING				/* the task started a child flow (dwarf.subgraph) */
 } OutcomeKind;
 
 /* What one execution of a task came to. */
@@ -330,6 +333,8 @@ typedef struct StepContext
 	int			interrupt_calls;	/* dwarf.interrupt calls so far */
 	bool		interrupted;	/* one of them parked the step */
 	Jsonb	   *payload;		/* ... with this payload */
+	int			subgraph_calls; /* dwarf.subgraph calls so far */
+	int64		waiting_child;	/* a child flow the step now waits for */
 	MemoryContext cxt;			/* outlives the task's call */
 } StepContext;
 

@@ -14,6 +14,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/memutils.h"
+#include "utils/numeric.h"
 
 #include "dwarf.h"
 
@@ -433,6 +434,17 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 		token->parked = true;
 		token->payload = outcome->signal ?
 			(Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)) : NULL;
+		MemoryContextSwitchTo(old);
+		return;
+	}
+	if (outcome->kind == OUTCOME_WAITING)
+	{
+		/* Parked until the child closes; then the task runs again. */
+		JsonbValue *child = JsonbField(outcome->signal, "child");
+
+		token->parked = true;
+		token->child = DatumGetInt64(DirectFunctionCall1(numeric_int8,
+														 NumericGetDatum(child->val.numeric)));
 		MemoryContextSwitchTo(old);
 		return;
 	}

@@ -30,12 +30,14 @@
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
+#include "utils/numeric.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timeout.h"
@@ -109,6 +111,7 @@ static SPIPlanPtr LoadStepsPlan = NULL;
 static SPIPlanPtr LoadGraphPlan = NULL;
 static SPIPlanPtr ParkFlowPlan = NULL;
 static SPIPlanPtr DeleteFlowPlan = NULL;
+static SPIPlanPtr ParkAncestorsPlan = NULL;
 static SPIPlanPtr ResumedPlan = NULL;
 
 /* ---------- the ready queue ---------- */
@@ -258,7 +261,9 @@ PreparePlans(void)
 	LoadFlowsPlan = Prepare(
 		"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage,"
 		" fairness_key, fairness_weight,"
-		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task"
+		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task,"
+		" parent_id, ARRAY(SELECT c.id FROM dwarf.flow c WHERE c.parent_id = flow.id"
+		"   AND c.status IN ('completed', 'failed', 'cancelled'))"
 		" FROM dwarf.flow WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
 		1, ids_type);
 	ScanFlowsPlan = Prepare(
@@ -275,6 +280,14 @@ PreparePlans(void)
 	ParkFlowPlan = Prepare(
 		"UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2, state = $3"
 		" WHERE id = $1 AND status = 'running'",
+		3, park_types);
+	ParkAncestorsPlan = Prepare(
+		"WITH RECURSIVE up AS ("
+		"  SELECT parent_id AS id FROM dwarf.flow WHERE id = $1"
+		"  UNION ALL SELECT f.parent_id FROM dwarf.flow f JOIN up ON f.id = up.id"
+		"   WHERE f.parent_id IS NOT NULL)"
+		" UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2"
+		" WHERE id IN (SELECT id FROM up) AND status = 'running'",
 		3, park_types);
 	DeleteFlowPlan = Prepare(
 		"WITH f AS (DELETE FROM dwarf.flow WHERE id = $1 AND status = 'running'),"
@@ -392,7 +405,8 @@ ReplaySteps(FlowRun *flow)
 		outcome.kind = strcmp(status, "completed") == 0 ? OUTCOME_OK :
 			strcmp(status, "retry") == 0 ? OUTCOME_RETRY :
 			strcmp(status, "interrupted") == 0 ? OUTCOME_INTERRUPT :
-			strcmp(status, "resumed") == 0 ? OUTCOME_RESUMED : OUTCOME_ERROR;
+			strcmp(status, "resumed") == 0 ? OUTCOME_RESUMED :
+			strcmp(status, "waiting") == 0 ? OUTCOME_WAITING : OUTCOME_ERROR;
 		d = SPI_getbinval(tup, desc, 10, &isnull);
 		outcome.signal = isnull ? NULL : DatumGetJsonbP(d);
 		outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
@@ -418,6 +432,8 @@ WriteClose(FlowRun *flow)
 	Datum		args[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 
+	if (flow->parent_id != 0)
+		NoteOnCommit(flow->parent_id, NOTE_RELOAD_FLOW, false);
 	if (flow->delete_on_completion && flow->status == FLOW_COMPLETED)
 	{
 		args[0] = Int64GetDatum(flow->id);
@@ -455,6 +471,10 @@ ParkRow(FlowRun *flow, Token *token)
 	args[2] = JsonbPGetDatum(token->state);
 	if (SPI_execute_plan(ParkFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "dwarf: could not mark flow " INT64_FORMAT " interrupted", flow->id);
+	if (flow->parent_id != 0 &&
+		SPI_execute_plan(ParkAncestorsPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not mark the parents of flow " INT64_FORMAT " interrupted",
+			 flow->id);
 }
 
 static Token *
@@ -463,8 +483,12 @@ FirstParked(FlowRun *flow)
 	ListCell   *lc;
 
 	foreach(lc, flow->tokens)
-		if (((Token *) lfirst(lc))->parked)
-			return lfirst(lc);
+	{
+		Token	   *token = lfirst(lc);
+
+		if (token->parked && token->child == 0)
+			return token;
+	}
 	return NULL;
 }
 
@@ -535,8 +559,31 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	d = SPI_getbinval(tup, desc, 10, &isnull);
 	flow->time_budget_ms = isnull ? 0 : DatumGetInt64(d);
 	flow->delete_on_completion = DatumGetBool(SPI_getbinval(tup, desc, 11, &isnull));
+	d = SPI_getbinval(tup, desc, 13, &isnull);
+	flow->parent_id = isnull ? 0 : DatumGetInt64(d);
 	if (replay)
+	{
+		ListCell   *lc;
+		Datum	   *closed;
+		int			nclosed;
+
 		ReplaySteps(flow);
+
+		/* A step that waits for a child that has closed runs again. */
+		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 14, &isnull)),
+						  INT8OID, 8, true, TYPALIGN_DOUBLE, &closed, NULL, &nclosed);
+		foreach(lc, flow->tokens)
+		{
+			Token	   *token = lfirst(lc);
+
+			for (int i = 0; token->child != 0 && i < nclosed; i++)
+				if (DatumGetInt64(closed[i]) == token->child)
+				{
+					token->parked = false;
+					token->child = 0;
+				}
+		}
+	}
 	pg_atomic_fetch_add_u64(&MySlot->flows_loaded, 1);
 	return flow;
 }
@@ -850,7 +897,9 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 		   TimestampTz started, TimestampTz finished)
 {
 	Graph	   *graph = flow->graph;
-	static const char *const status[] = {"completed", "failed", "retry", "interrupted", "resumed"};
+	static const char *const status[] = {
+		"completed", "failed", "retry", "interrupted", "resumed", "waiting"
+	};
 	Datum		args[12];
 	char		nulls[12] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
@@ -897,7 +946,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
-	StepContext ctx = {flow, token, -1, false, 0, 0, false, NULL, CurrentMemoryContext};
+	StepContext ctx = {flow, token, -1, false, 0, 0, false, NULL, 0, 0, CurrentMemoryContext};
 	StepOutcome outcome = {0};
 	TimestampTz started = GetCurrentTimestamp();
 	int			token_id = token->id;
@@ -914,11 +963,22 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 	{
 		outcome.changes = CallTask(flow, token, &ctx);
 		outcome.kind = ctx.interrupted ? OUTCOME_INTERRUPT :
+			ctx.waiting_child ? OUTCOME_WAITING :
 			ctx.retry ? OUTCOME_RETRY : OUTCOME_OK;
 		outcome.goto_node = outcome.kind == OUTCOME_OK ? ctx.goto_node : -1;
 		outcome.signal = ctx.payload;
-		if (!ctx.interrupted && (ctx.retry || ctx.delay_us > 0))
-			outcome.wake_at = GetCurrentTimestamp() + ctx.delay_us;
+		if (outcome.kind == OUTCOME_WAITING)
+		{
+			const char *key = "child";
+			JsonbValue	child;
+
+			child.type = jbvNumeric;
+			child.val.numeric = int64_to_numeric(ctx.waiting_child);
+			outcome.signal = JsonbWithKeys(JsonbEmptyObject(), 1, &key, &child);
+		}
+		if (outcome.kind == OUTCOME_OK || outcome.kind == OUTCOME_RETRY)
+			if (ctx.retry || ctx.delay_us > 0)
+				outcome.wake_at = GetCurrentTimestamp() + ctx.delay_us;
 		advancing = true;
 		FlowAdvance(flow, token, &outcome);
 		if (isolated)
@@ -1048,7 +1108,7 @@ RunBatch(void)
 			}
 			if (flow->status != FLOW_RUNNING)
 				WriteClose(flow);
-			else if (token && token->parked)
+			else if (token && token->parked && token->child == 0)
 			{
 				ParkRow(flow, token);
 				parked[nparked++] = flow->id;
