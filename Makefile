@@ -40,3 +40,6 @@ bench/dwarf-bench: bench/dwarf-bench.c
 .PHONY: prove_installcheck
 prove_installcheck:
 	$(prove_installcheck)
+
+# Every source file includes the shared header: rebuild them all when it changes.
+$(OBJS): src/dwarf.h

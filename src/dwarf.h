@@ -57,6 +57,7 @@ typedef struct DwarfWorkerSlot
 	pid_t		pid;			/* 0 until the worker runs */
 	Latch	   *latch;			/* the worker's latch while it runs */
 	bool		no_extension;	/* it exited: dwarf is not installed there */
+	volatile int32 best_priority;	/* of its ready steps; PG_INT32_MAX: none */
 
 	slock_t		mutex;			/* protects the ring */
 	uint32		head;			/* next note to read */

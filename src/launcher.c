@@ -40,6 +40,7 @@ typedef struct LauncherDb
 	BackgroundWorkerHandle *handles[DWARF_MAX_WORKERS];
 	int			slots[DWARF_MAX_WORKERS];
 	TimestampTz restart_at[DWARF_MAX_WORKERS];
+	uint64		started_gen[DWARF_MAX_WORKERS];	/* rescan generation at start */
 } LauncherDb;
 
 #define LAUNCHER_MAX_DBS 64
@@ -47,6 +48,7 @@ typedef struct LauncherDb
 
 static LauncherDb dbs[LAUNCHER_MAX_DBS];
 static int	ndbs = 0;
+static uint64 rescan_gen = 0;	/* counts rescan requests */
 
 static object_access_hook_type prev_object_access_hook = NULL;
 
@@ -136,6 +138,7 @@ ClaimSlot(Oid dboid, int index)
 			slot->pid = 0;
 			slot->latch = NULL;
 			slot->no_extension = false;
+			slot->best_priority = PG_INT32_MAX;
 			slot->head = slot->tail = 0;
 			slot->overflow = false;
 			SpinLockRelease(&slot->mutex);
@@ -195,6 +198,7 @@ StartWorker(LauncherDb *db, int index)
 		return false;
 	}
 	db->slots[index] = slot;
+	db->started_gen[index] = rescan_gen;
 	return true;
 }
 
@@ -256,8 +260,15 @@ TendWorkers(void)
 			{
 				DwarfWorkerSlot *slot = &Dwarf->workers[db->slots[i]];
 
-				if (slot->no_extension)
+				/*
+				 * A worker that found no extension proves the database has
+				 * none, unless a rescan came after it started: then dwarf
+				 * may have been created since, and it starts again.
+				 */
+				if (slot->no_extension && db->started_gen[i] == rescan_gen)
 					db->absent = true;
+				else if (slot->no_extension)
+					db->restart_at[i] = now;
 				else
 					db->restart_at[i] = TimestampTzPlusMilliseconds(now, RESTART_DELAY_MS);
 				pfree(db->handles[i]);
@@ -343,6 +354,8 @@ DwarfLauncherMain(Datum arg)
 		Dwarf->rescan = false;
 		SpinLockRelease(&Dwarf->mutex);
 
+		if (rescan)
+			rescan_gen++;
 		if (first || rescan)
 			RefreshDatabases(true);
 		first = false;

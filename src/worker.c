@@ -1027,13 +1027,70 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 
 /* ---------- batches ---------- */
 
+/* The priority of the best ready step, or PG_INT32_MAX when none is ready. */
+static int32
+BestReadyPriority(void)
+{
+	if (pairingheap_is_empty(Ready))
+		return PG_INT32_MAX;
+	return pairingheap_container(ReadyEntry, ph, pairingheap_first(Ready))->priority;
+}
+
+/*
+ * Publishes the priority of our best ready step for the other workers of
+ * this database.  When it got worse, they may have been holding back
+ * their own work for ours: wake them.
+ */
+static void
+PublishPriority(void)
+{
+	int32		best = BestReadyPriority();
+	int32		old = MySlot->best_priority;
+	int			i;
+
+	MySlot->best_priority = best;
+	if (best <= old)
+		return;
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch)
+			SetLatch(slot->latch);
+	}
+}
+
+/*
+ * The best priority of ready work anywhere in this database.  Priorities
+ * are strict across workers: none starts a step while another worker has
+ * ready work of a better (lower) priority.
+ */
+static int32
+DatabaseBestPriority(void)
+{
+	int32		best = BestReadyPriority();
+	int			i;
+
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
+			slot->best_priority < best)
+			best = slot->best_priority;
+	}
+	return best;
+}
+
 /* Pops up to max runnable tokens, skipping entries whose flow moved on. */
 static List *
 PopBatch(int max)
 {
 	List	   *batch = NIL;
+	int32		limit = DatabaseBestPriority();
 
-	while (list_length(batch) < max && !pairingheap_is_empty(Ready))
+	while (list_length(batch) < max && !pairingheap_is_empty(Ready) &&
+		   BestReadyPriority() <= limit)
 	{
 		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
 												  pairingheap_remove_first(Ready));
@@ -1234,16 +1291,24 @@ DrainNotes(List **requests)
 	return any || FullScan;
 }
 
-/* Exits quietly, for the launcher to see, when dwarf is not installed here. */
+/*
+ * Exits quietly, for the launcher to see, when dwarf is not installed here
+ * or is not the installation this worker started with: after DROP and
+ * CREATE EXTENSION, everything it keeps in memory belongs to tables that
+ * are gone, and a new worker starts afresh.
+ */
 static void
 ExitIfNotInstalled(void)
 {
-	bool		installed;
+	static Oid	installed_as = InvalidOid;
+	Oid			extension;
 
 	StartTransactionCommand();
-	installed = OidIsValid(get_extension_oid("dwarf", true));
+	extension = get_extension_oid("dwarf", true);
 	CommitTransactionCommand();
-	if (!installed)
+	if (!OidIsValid(installed_as))
+		installed_as = extension;
+	if (!OidIsValid(extension) || extension != installed_as)
 	{
 		MySlot->no_extension = true;
 		proc_exit(0);
@@ -1330,8 +1395,12 @@ DwarfWorkerMain(Datum arg)
 		MemoryContextReset(BatchContext);
 
 		next_timer = MoveDueTimers();
-		if (!pairingheap_is_empty(Ready) || ToLoad != NIL)
+		PublishPriority();
+		if (ToLoad != NIL ||
+			(!pairingheap_is_empty(Ready) && BestReadyPriority() <= DatabaseBestPriority()))
 			continue;
+		if (!pairingheap_is_empty(Ready))
+			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
 
 		/* Nothing to run: sleep until a note, a signal or the next timer. */
 		(void) WaitLatch(MyLatch,
