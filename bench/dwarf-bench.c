@@ -2,17 +2,19 @@
  *
  * dwarf-bench.c
  *	  Load driver for dwarf.  Runs flows against one or more servers and
- *	  reports, per measured window: flows/s, steps/s, latency percentiles,
+ *	  reports per measured window: flows/s, steps/s, latency percentiles,
  *	  WAL bytes and records per step, commits and WAL flushes per second,
- *	  server CPU per step and the backlog, each optionally beside a reference
- *	  write rate (one-row durable UPDATE per transaction) measured in the
- *	  same run at the same client count.
+ *	  server CPU per step and the backlog, optionally beside a reference
+ *	  rate (one-row durable UPDATE per transaction) measured in the same run
+ *	  at the same client count.
  *
- * Closed loop: every submitter thread owns a connection and calls dwarf.run()
+ * Closed loop: each submitter thread owns a connection and calls dwarf.run()
  * back to back.  Open loop: creator threads call dwarf.create() on a shared
  * Poisson schedule and one poller per server finds closed flows in dwarf.flow
- * in batches; latency counts from each flow's intended start, so a server
- * that falls behind shows it as latency and backlog, not as a lower offer.
+ * in batches.  Open-loop latency counts from each flow's intended start, so
+ * a server that falls behind shows it as latency and backlog.
+ *
+ * Usage and examples: bench/README.md.
  *
  *-------------------------------------------------------------------------
  */
@@ -57,7 +59,7 @@ typedef enum RunMode
 
 static const char *const mode_names[] = {"closed", "open", "reference"};
 
-/* The one statement each kind of thread prepares. */
+/* The one statement each kind of thread prepares, as "s". */
 static const char *const mode_sql[] = {
 	[RUN_CLOSED] = "SELECT status FROM dwarf.run($1, $2::jsonb, make_interval(secs => $3::float8))",
 	[RUN_OPEN] = "SELECT dwarf.create($1, $2::jsonb)",
@@ -72,62 +74,59 @@ static const char stats_sql[] =
 "SELECT pg_current_wal_lsn()::text, w.wal_records, w.wal_sync, w.wal_write, d.xact_commit"
 " FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database()";
 
-/* Log-linear latency histogram in microseconds (HDR-like). */
+#define RUNNING_SQL "(SELECT count(*) FROM dwarf.flow WHERE status = 'running')"
+
+/* Log-linear latency histogram in microseconds, HDR-like. */
 typedef struct Hist
 {
 	uint64_t	n;
 	uint64_t	count[HIST_BUCKETS];
 } Hist;
 
-/* Completed work and errors over some period. */
+/* Completed flows (or reference writes), their steps, errors, latencies. */
 typedef struct Counters
 {
-	uint64_t	flows;			/* flows (or reference writes) completed */
-	uint64_t	steps;			/* their steps, as the workload defines them */
-	uint64_t	errors;
+	uint64_t	flows, steps, errors;
 	Hist		lat;
 } Counters;
 
-/* A server's counters at one instant; see snap_take. */
+/*
+ * A server's counters at one instant, NAN where unknown.  steps is the
+ * highest dwarf.step.step_id at the window's start, and the number of steps
+ * past it at the window's end.
+ */
 typedef struct Snap
 {
-	bool		ok;				/* stats_sql succeeded */
-	bool		dwarf_ok;		/* the dwarf query succeeded */
-	uint64_t	lsn;
-	double		wal_records, wal_syncs, wal_writes, commits;
-	double		cpu_us;			/* NAN when the server is not local */
-	long long	steps;			/* begin: max(step_id); end: steps past it */
-	double		backlog;		/* running flows */
+	double		lsn, wal_records, wal_syncs, wal_writes, commits, cpu_us, steps, backlog;
 } Snap;
 
-/* A flow created in open loop and not yet seen closed. */
+/* An open-loop flow created and not yet seen closed. */
 typedef struct Pending
 {
 	long long	id;
-	double		intended;		/* when the schedule wanted it started */
-	double		sent;			/* when the create was sent */
+	double		intended;		/* scheduled start */
+	double		sent;			/* create sent */
 	int			steps;
 } Pending;
 
-/* One closed flow as the poller found it. */
+/* A closed flow as the poller found it; server_us < 0 if unknown. */
 typedef struct Done
 {
-	long long	id;
-	long long	server_us;		/* finished_at - created_at, -1 if unknown */
+	long long	id, server_us;
 	char		status[16];
 } Done;
 
 typedef struct Shard
 {
 	int			idx;
+	int			server;			/* first shard on the same host:port */
 	const char *dsn;
-	PGconn	   *mon;			/* main thread's setup and monitor connection */
-	char		where[256];		/* host:port/db for reports */
-	char		fsync[8];
-	char		sync_commit[16];
+	PGconn	   *mon;			/* main thread: setup and monitoring */
+	char		where[256];		/* host:port/db */
+	char		fsync[8], sync_commit[16];
 	int			pm_pid;			/* postmaster pid if local, else 0 */
 
-	pthread_mutex_t lock;		/* protects everything below */
+	pthread_mutex_t lock;		/* protects the fields up to `done` */
 	bool		recording;		/* inside the measured window */
 	int			shown;			/* errors printed this interval */
 	Counters	tick;			/* since the last progress line */
@@ -135,18 +134,16 @@ typedef struct Shard
 	Pending    *pending;
 	size_t		npending, maxpending;
 
-	/* main thread only */
-	Counters	done;			/* window counters at the window's end */
+	Counters	done;			/* the window's counters at its end */
 	Snap		begin, end;
 } Shard;
 
-/* What metrics a window produced, for one shard or in total. */
+/* A window's results for one shard or in total. */
 typedef struct Metrics
 {
-	double		flows, steps, flows_s, steps_s, flow_steps_s;
-	double		p50, p95, p99;
-	double		wal_bytes, wal_records, commits_s, syncs_s, writes_s;
-	double		cpu_us, backlog_end, backlog_slope, errors;
+	double		flows, steps, flows_s, steps_s, flow_steps_s, p50, p95, p99;
+	double		wal_bytes, wal_records, commits_s, syncs_s, writes_s, cpu_us;
+	double		backlog_end, backlog_slope, errors;
 } Metrics;
 
 typedef struct Report
@@ -156,13 +153,11 @@ typedef struct Report
 	Metrics		shard[MAX_SHARDS];
 } Report;
 
-/* One kind of flow: its graph, its input and how many steps it runs. */
+/* One kind of flow; functions creates its task functions (or is NULL). */
 typedef struct Kind
 {
 	char		graph[64];
-	char	   *input;
-	char	   *definition;
-	char	   *functions;		/* SQL creating its task functions, or NULL */
+	const char *definition, *functions, *input;
 	int			steps;
 } Kind;
 
@@ -172,15 +167,14 @@ typedef struct Worker
 	int			id;
 	Shard	   *sh;
 	RunMode		mode;
-	double		rate;			/* open loop flows/s in total, 0 = unpaced */
+	double		rate;			/* open loop: flows/s in total, 0 unpaced */
 } Worker;
 
 /* Growable string. */
 typedef struct Buf
 {
 	char	   *data;
-	size_t		len;
-	size_t		cap;
+	size_t		len, cap;
 } Buf;
 
 static struct
@@ -200,22 +194,21 @@ static struct
 	const char *label, *out, *csv;
 	bool		reference, setup_only;
 } opt = {
-	.workload = W_LINEAR, .steps = 10, .width = 16, .payload = 1024,
-	.sleep = "1 s", .timeout = 30, .max_outstanding = 1000,
+	.workload = W_LINEAR, .steps = 10, .width = 16, .payload = 1024, .sleep = "1 s",
+	.timeout = 30, .conc = {8}, .nconc = 1, .max_outstanding = 1000,
 	.warmup = 5, .window = 30, .interval = 5, .label = "",
 };
 
 static Shard shards[MAX_SHARDS];
 static Kind kinds[4];
 static int	nkinds;
-static atomic_bool stop_submit;
-static atomic_bool stop_poll;
+static atomic_bool stop_submit, stop_poll;
 static atomic_int outstanding;
 static atomic_ullong total_errors;
 static pthread_mutex_t sched_lock = PTHREAD_MUTEX_INITIALIZER;
 static double sched_next;
 static uint64_t sched_rng = 0x9E3779B97F4A7C15ULL;
-static double start_time;
+static double wall_offset;		/* Unix time minus now_s() */
 static FILE *out_file, *csv_file;
 
 /* Print a fatal error and exit 1. */
@@ -237,16 +230,16 @@ static void __attribute__((noreturn))
 usage(int status)
 {
 	fputs("usage: dwarf-bench [options]\n"
-		  "  -dsn DSN             server to load; repeat for shards (flows go round-robin)\n"
+		  "  -dsn DSN             server to load, repeat for shards (default: libpq environment)\n"
 		  "  -workload NAME       linear|fanout|state|carry|mixed|wait|reference (default linear)\n"
 		  "  -steps N             steps of linear, state and carry flows (default 10)\n"
 		  "  -width W             for_each width of fanout flows (default 16)\n"
-		  "  -payload BYTES       state each step writes (state) or input carried (carry) (default 1024)\n"
+		  "  -payload BYTES       state written per step (state), input carried (carry) (default 1024)\n"
 		  "  -payload-json        payload is a compressible JSON document, not random base64\n"
 		  "  -sleep INTERVAL      dwarf.sleep of wait flows (default '1 s')\n"
 		  "  -timeout SEC         dwarf.run timeout and open-loop drain limit (default 30)\n"
-		  "  -concurrency LIST    clients (open loop: creator connections), one window each (default 8)\n"
-		  "  -arrival-rate LIST   open loop: flows/s offered, one window each; 0 = unpaced\n"
+		  "  -concurrency LIST    clients (open loop: creator connections), a window each (default 8)\n"
+		  "  -arrival-rate LIST   open loop: flows/s offered, a window each; 0 = unpaced\n"
 		  "  -max-outstanding N   open loop: flows created but not seen closed (default 1000)\n"
 		  "  -warmup SEC          unmeasured run before each window (default 5)\n"
 		  "  -window SEC          measured window (default 30)\n"
@@ -269,17 +262,16 @@ usage_error(const char *fmt,...)
 	va_start(ap, fmt);
 	fputs("dwarf-bench: ", stderr);
 	vfprintf(stderr, fmt, ap);
-	fputs("\n", stderr);
+	fputs("\n\n", stderr);
 	va_end(ap);
 	usage(2);
 }
 
-/* malloc/realloc that exit on failure. */
+/* realloc that exits on failure. */
 static void *
 xrealloc(void *p, size_t size)
 {
-	p = realloc(p, size ? size : 1);
-	if (p == NULL)
+	if ((p = realloc(p, size ? size : 1)) == NULL)
 		die("out of memory");
 	return p;
 }
@@ -338,7 +330,7 @@ now_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Sleep for a (possibly fractional, possibly negative) number of seconds. */
+/* Sleep for a number of seconds; nothing if it is not positive. */
 static void
 sleep_s(double s)
 {
@@ -349,21 +341,6 @@ sleep_s(double s)
 	ts.tv_sec = (time_t) s;
 	ts.tv_nsec = (long) ((s - ts.tv_sec) * 1e9);
 	nanosleep(&ts, NULL);
-}
-
-/* Sleep until monotonic time t, in short naps; false if told to stop. */
-static bool
-sleep_until(double t)
-{
-	double		left;
-
-	while ((left = t - now_s()) > 0)
-	{
-		if (atomic_load(&stop_submit))
-			return false;
-		sleep_s(left < 0.05 ? left : 0.05);
-	}
-	return true;
 }
 
 /* Parse an integer option value of at least min, or exit 2. */
@@ -380,7 +357,7 @@ arg_int(const char *name, const char *v, long min)
 	return (int) n;
 }
 
-/* Parse a numeric option value of at least min (or above it if strict). */
+/* Parse a numeric option value of at least min (above it if strict). */
 static double
 arg_num(const char *name, const char *v, double min, bool strict)
 {
@@ -390,21 +367,19 @@ arg_num(const char *name, const char *v, double min, bool strict)
 	errno = 0;
 	d = strtod(v, &end);
 	if (errno || end == v || *end || !isfinite(d) || d < min || (strict && d == min))
-		usage_error("%s needs a number %s %g, not \"%s\"",
-					name, strict ? ">" : ">=", min, v);
+		usage_error("%s needs a number %s %g, not \"%s\"", name, strict ? ">" : ">=", min, v);
 	return d;
 }
 
-/* Parse a comma-separated list of numbers; returns how many. */
+/* Parse a comma-separated list of numbers into out; returns how many. */
 static int
 arg_list(const char *name, const char *v, double *out, double min, bool integral)
 {
 	char	   *copy = strdup(v);
 	char	   *save = NULL;
-	char	   *item;
 	int			n = 0;
 
-	for (item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save))
+	for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save))
 	{
 		if (n == MAX_LIST)
 			usage_error("%s takes at most %d values", name, MAX_LIST);
@@ -416,96 +391,86 @@ arg_list(const char *name, const char *v, double *out, double min, bool integral
 	return n;
 }
 
-/* Parse the command line into opt. */
+/* Set the option a that takes value v, or exit 2. */
+static void
+set_option(const char *a, const char *v)
+{
+	double		list[MAX_LIST];
+
+	if (!strcmp(a, "-dsn"))
+	{
+		if (opt.nshards == MAX_SHARDS)
+			usage_error("at most %d -dsn", MAX_SHARDS);
+		opt.dsn[opt.nshards++] = v;
+	}
+	else if (!strcmp(a, "-workload"))
+	{
+		int			w = 0;
+
+		while (w <= W_REFERENCE && strcmp(v, workload_names[w]) != 0)
+			w++;
+		if (w > W_REFERENCE)
+			usage_error("unknown workload \"%s\"", v);
+		opt.workload = (Workload) w;
+	}
+	else if (!strcmp(a, "-steps"))
+		opt.steps = arg_int(a, v, 1);
+	else if (!strcmp(a, "-width"))
+		opt.width = arg_int(a, v, 1);
+	else if (!strcmp(a, "-payload"))
+		opt.payload = arg_int(a, v, 0);
+	else if (!strcmp(a, "-sleep"))
+		opt.sleep = v;
+	else if (!strcmp(a, "-timeout"))
+		opt.timeout = arg_num(a, v, 0, true);
+	else if (!strcmp(a, "-concurrency"))
+	{
+		opt.nconc = arg_list(a, v, list, 1, true);
+		for (int k = 0; k < opt.nconc; k++)
+			opt.conc[k] = (int) list[k];
+	}
+	else if (!strcmp(a, "-arrival-rate"))
+		opt.nrate = arg_list(a, v, opt.rate, 0, false);
+	else if (!strcmp(a, "-max-outstanding"))
+		opt.max_outstanding = arg_int(a, v, 1);
+	else if (!strcmp(a, "-warmup"))
+		opt.warmup = arg_num(a, v, 0, false);
+	else if (!strcmp(a, "-window"))
+		opt.window = arg_num(a, v, 0, true);
+	else if (!strcmp(a, "-stats-interval"))
+		opt.interval = arg_num(a, v, 0, true);
+	else if (!strcmp(a, "-label"))
+		opt.label = v;
+	else if (!strcmp(a, "-out"))
+		opt.out = v;
+	else if (!strcmp(a, "-csv"))
+		opt.csv = v;
+	else
+		usage_error("unknown option \"%s\"", a);
+}
+
+/* Parse the command line into opt; "--name" works like "-name". */
 static void
 parse_args(int argc, char **argv)
 {
-	double		list[MAX_LIST];
-	int			i;
-
-	opt.conc[0] = 8;
-	opt.nconc = 1;
-	for (i = 1; i < argc; i++)
+	for (int i = 1; i < argc; i++)
 	{
-		const char *a = argv[i];
-		const char *v;
+		const char *a = argv[i][0] == '-' && argv[i][1] == '-' ? argv[i] + 1 : argv[i];
 
-		if (a[0] == '-' && a[1] == '-')
-			a++;
 		if (!strcmp(a, "-h") || !strcmp(a, "-help"))
 			usage(0);
-		if (!strcmp(a, "-payload-json"))
-		{
+		else if (!strcmp(a, "-payload-json"))
 			opt.payload_json = true;
-			continue;
-		}
-		if (!strcmp(a, "-reference"))
-		{
+		else if (!strcmp(a, "-reference"))
 			opt.reference = true;
-			continue;
-		}
-		if (!strcmp(a, "-setup-only"))
-		{
+		else if (!strcmp(a, "-setup-only"))
 			opt.setup_only = true;
-			continue;
-		}
-		if (a[0] != '-')
+		else if (a[0] != '-')
 			usage_error("unexpected argument \"%s\"", a);
-		if (i + 1 >= argc)
+		else if (i + 1 == argc)
 			usage_error("%s needs a value", a);
-		v = argv[++i];
-
-		if (!strcmp(a, "-dsn"))
-		{
-			if (opt.nshards == MAX_SHARDS)
-				usage_error("at most %d -dsn", MAX_SHARDS);
-			opt.dsn[opt.nshards++] = v;
-		}
-		else if (!strcmp(a, "-workload"))
-		{
-			int			w;
-
-			for (w = 0; w <= W_REFERENCE; w++)
-				if (!strcmp(v, workload_names[w]))
-					break;
-			if (w > W_REFERENCE)
-				usage_error("unknown workload \"%s\"", v);
-			opt.workload = (Workload) w;
-		}
-		else if (!strcmp(a, "-steps"))
-			opt.steps = arg_int(a, v, 1);
-		else if (!strcmp(a, "-width"))
-			opt.width = arg_int(a, v, 1);
-		else if (!strcmp(a, "-payload"))
-			opt.payload = arg_int(a, v, 0);
-		else if (!strcmp(a, "-sleep"))
-			opt.sleep = v;
-		else if (!strcmp(a, "-timeout"))
-			opt.timeout = arg_num(a, v, 0, true);
-		else if (!strcmp(a, "-concurrency"))
-		{
-			opt.nconc = arg_list(a, v, list, 1, true);
-			for (int k = 0; k < opt.nconc; k++)
-				opt.conc[k] = (int) list[k];
-		}
-		else if (!strcmp(a, "-arrival-rate"))
-			opt.nrate = arg_list(a, v, opt.rate, 0, false);
-		else if (!strcmp(a, "-max-outstanding"))
-			opt.max_outstanding = arg_int(a, v, 1);
-		else if (!strcmp(a, "-warmup"))
-			opt.warmup = arg_num(a, v, 0, false);
-		else if (!strcmp(a, "-window"))
-			opt.window = arg_num(a, v, 0, true);
-		else if (!strcmp(a, "-stats-interval"))
-			opt.interval = arg_num(a, v, 0, true);
-		else if (!strcmp(a, "-label"))
-			opt.label = v;
-		else if (!strcmp(a, "-out"))
-			opt.out = v;
-		else if (!strcmp(a, "-csv"))
-			opt.csv = v;
 		else
-			usage_error("unknown option \"%s\"", argv[i - 1]);
+			set_option(a, argv[++i]);
 	}
 	if (opt.nshards == 0)
 		opt.dsn[opt.nshards++] = "";	/* libpq defaults: PGHOST, PGPORT... */
@@ -517,11 +482,9 @@ parse_args(int argc, char **argv)
 static void
 hist_add(Hist *h, uint64_t us)
 {
-	int			idx;
+	int			idx = (int) us;
 
-	if (us < 2 * HIST_SUB)
-		idx = (int) us;
-	else
+	if (us >= 2 * HIST_SUB)
 	{
 		int			shift = 63 - __builtin_clzll(us) - HIST_BITS;
 
@@ -538,26 +501,16 @@ hist_ms(const Hist *h, double p)
 	uint64_t	rank = (uint64_t) ceil(p * h->n);
 	uint64_t	seen = 0;
 
-	if (h->n == 0)
-		return NAN;
-	if (rank < 1)
-		rank = 1;
-	for (int i = 0; i < HIST_BUCKETS; i++)
+	for (int i = 0; i < HIST_BUCKETS && h->n > 0; i++)
 	{
-		seen += h->count[i];
-		if (seen >= rank)
-		{
-			int			shift;
-			double		low,
-						width;
+		int			shift = i / HIST_SUB - 1;
 
-			if (i < 2 * HIST_SUB)
-				return i / 1000.0;
-			shift = i / HIST_SUB - 1;
-			low = (double) ((uint64_t) (i % HIST_SUB + HIST_SUB) << shift);
-			width = (double) ((uint64_t) 1 << shift);
-			return (low + width / 2) / 1000.0;
-		}
+		if ((seen += h->count[i]) < rank)
+			continue;
+		if (shift <= 0)
+			return i / 1000.0;	/* below 2 * HIST_SUB buckets are exact */
+		return (double) (((uint64_t) (i % HIST_SUB + HIST_SUB) << shift) +
+						 ((uint64_t) 1 << (shift - 1))) / 1000.0;
 	}
 	return NAN;
 }
@@ -589,15 +542,6 @@ record_locked(Shard *sh, double lat_s, int steps)
 		sh->window.steps += steps;
 		hist_add(&sh->window.lat, us);
 	}
-}
-
-/* Record one completed flow. */
-static void
-record(Shard *sh, double lat_s, int steps)
-{
-	pthread_mutex_lock(&sh->lock);
-	record_locked(sh, lat_s, steps);
-	pthread_mutex_unlock(&sh->lock);
 }
 
 /*
@@ -639,7 +583,7 @@ add_errors(Shard *sh, int n, const char *fmt,...)
 static void
 query_failed(Shard *sh, PGconn **conn, PGresult *res, const char *what)
 {
-	const char *msg = res ? PQresultErrorMessage(res) : "";
+	const char *msg = PQresultErrorMessage(res);
 
 	add_errors(sh, 1, "%s: %s", what, *msg ? msg : PQerrorMessage(*conn));
 	if (PQstatus(*conn) == CONNECTION_BAD)
@@ -650,10 +594,11 @@ query_failed(Shard *sh, PGconn **conn, PGresult *res, const char *what)
 	sleep_s(0.01);
 }
 
-/* Connect to a DSN; application_name may be overridden by the DSN. */
+/* Connect to a DSN (a URI or key=value string, "" for libpq defaults). */
 static PGconn *
 connect_dsn(const char *dsn)
 {
+	/* the DSN comes later so that it can override application_name */
 	const char *const keys[] = {"application_name", "dbname", NULL};
 	const char *const vals[] = {"dwarf-bench", dsn, NULL};
 
@@ -661,34 +606,30 @@ connect_dsn(const char *dsn)
 }
 
 /*
- * Open a thread's connection to a shard and prepare its one statement as
- * "s".  On failure the error is counted, the thread backs off and gets NULL
+ * Open a thread's connection to a shard and prepare its statement as "s".
+ * On failure the error is counted and the thread backs off, then gets NULL
  * so that it tries again.
  */
 static PGconn *
 bench_connect(Shard *sh, const char *sql)
 {
 	PGconn	   *conn = connect_dsn(sh->dsn);
-	PGresult   *res;
+	PGresult   *res = NULL;
 
-	if (PQstatus(conn) != CONNECTION_OK)
+	if (PQstatus(conn) == CONNECTION_OK)
 	{
-		add_errors(sh, 1, "connect: %s", PQerrorMessage(conn));
-		PQfinish(conn);
-		sleep_s(0.5);
-		return NULL;
+		res = PQprepare(conn, "s", sql, 0, NULL);
+		if (PQresultStatus(res) == PGRES_COMMAND_OK)
+		{
+			PQclear(res);
+			return conn;
+		}
 	}
-	res = PQprepare(conn, "s", sql, 0, NULL);
-	if (PQresultStatus(res) != PGRES_COMMAND_OK)
-	{
-		query_failed(sh, &conn, res, "prepare");
-		PQclear(res);
-		PQfinish(conn);
-		sleep_s(0.5);
-		return NULL;
-	}
+	add_errors(sh, 1, "connect: %s", res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
 	PQclear(res);
-	return conn;
+	PQfinish(conn);
+	sleep_s(0.5);
+	return NULL;
 }
 
 /*
@@ -711,31 +652,29 @@ submitter_main(void *arg)
 	{
 		const Kind *k = &kinds[nkinds ? seq++ % nkinds : 0];
 		const char *params[3] = {k->graph, k->input, timeout};
+		bool		ref = w->mode == RUN_REFERENCE;
 		PGresult   *res;
 		double		start;
 
 		if (!conn && !(conn = bench_connect(w->sh, mode_sql[w->mode])))
 			continue;
-		if (w->mode == RUN_REFERENCE)
+		if (ref)
 			params[0] = id;
 		start = now_s();
-		res = PQexecPrepared(conn, "s", w->mode == RUN_REFERENCE ? 1 : 3,
-							 params, NULL, NULL, 0);
-		if (w->mode == RUN_REFERENCE)
-		{
-			if (PQresultStatus(res) != PGRES_COMMAND_OK)
-				query_failed(w->sh, &conn, res, "reference update");
-			else if (strcmp(PQcmdTuples(res), "1") != 0)
-				add_errors(w->sh, 1, "reference row %s is missing", id);
-			else
-				record(w->sh, now_s() - start, 1);
-		}
-		else if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
-			query_failed(w->sh, &conn, res, k->graph);
-		else if (strcmp(PQgetvalue(res, 0, 0), "completed") != 0)
-			add_errors(w->sh, 1, "a %s flow ended %s", k->graph, PQgetvalue(res, 0, 0));
+		res = PQexecPrepared(conn, "s", ref ? 1 : 3, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != (ref ? PGRES_COMMAND_OK : PGRES_TUPLES_OK))
+			query_failed(w->sh, &conn, res, ref ? "reference update" : k->graph);
+		else if (ref && strcmp(PQcmdTuples(res), "1") != 0)
+			add_errors(w->sh, 1, "reference row %s is missing", id);
+		else if (!ref && (PQntuples(res) != 1 || strcmp(PQgetvalue(res, 0, 0), "completed") != 0))
+			add_errors(w->sh, 1, "a %s flow ended %s", k->graph,
+					   PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "without a result");
 		else
-			record(w->sh, now_s() - start, k->steps);
+		{
+			pthread_mutex_lock(&w->sh->lock);
+			record_locked(w->sh, now_s() - start, ref ? 1 : k->steps);
+			pthread_mutex_unlock(&w->sh->lock);
+		}
 		PQclear(res);
 	}
 	PQfinish(conn);
@@ -743,7 +682,7 @@ submitter_main(void *arg)
 }
 
 /*
- * Hand out the next intended start on the shared Poisson schedule, so the
+ * The next intended start on the shared Poisson schedule, so that the
  * offered load is `rate` in total however many creators share it.
  */
 static double
@@ -756,16 +695,18 @@ next_arrival(double rate)
 	sched_rng ^= sched_rng << 13;
 	sched_rng ^= sched_rng >> 7;
 	sched_rng ^= sched_rng << 17;
-	u = ((sched_rng >> 11) + 0.5) / 9007199254740992.0;
-	sched_next += -log(u) / rate;
-	t = sched_next;
+	u = ((sched_rng >> 11) + 0.5) / 9007199254740992.0;	/* (0, 1) */
+	t = sched_next += -log(u) / rate;
 	pthread_mutex_unlock(&sched_lock);
 	return t;
 }
 
-/* Take one unit of -max-outstanding, waiting for room; false if stopped. */
+/*
+ * Take one unit of -max-outstanding (waiting for room), then wait for the
+ * intended start.  False, holding nothing, when told to stop meanwhile.
+ */
 static bool
-wait_for_room(void)
+wait_to_create(double intended)
 {
 	while (atomic_fetch_add(&outstanding, 1) >= opt.max_outstanding)
 	{
@@ -774,17 +715,27 @@ wait_for_room(void)
 			return false;
 		sleep_s(0.0005);
 	}
+	for (double left; (left = intended - now_s()) > 0;)
+	{
+		if (atomic_load(&stop_submit))
+		{
+			atomic_fetch_sub(&outstanding, 1);
+			return false;
+		}
+		sleep_s(left < 0.05 ? left : 0.05);
+	}
 	return true;
 }
 
 /*
- * Open loop: create flows at their scheduled times (or as fast as room
- * under -max-outstanding allows) and hand their ids to the shard's poller.
+ * Open loop: create flows at their scheduled times (unpaced: as fast as
+ * -max-outstanding allows) and queue their ids for the shard's poller.
  */
 static void *
 creator_main(void *arg)
 {
 	Worker	   *w = arg;
+	Shard	   *sh = w->sh;
 	PGconn	   *conn = NULL;
 	unsigned	seq = w->id;
 
@@ -796,25 +747,21 @@ creator_main(void *arg)
 					sent;
 		PGresult   *res;
 
-		if (!conn && !(conn = bench_connect(w->sh, mode_sql[RUN_OPEN])))
+		if (!conn && !(conn = bench_connect(sh, mode_sql[RUN_OPEN])))
 			continue;
 		if (w->rate > 0)
 			intended = next_arrival(w->rate);
-		if (!wait_for_room())
+		if (!wait_to_create(intended))
 			break;
-		if (w->rate <= 0)
-			intended = now_s();
-		else if (!sleep_until(intended))
-		{
-			atomic_fetch_sub(&outstanding, 1);
-			break;
-		}
 		sent = now_s();
 		res = PQexecPrepared(conn, "s", 2, params, NULL, NULL, 0);
-		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+		if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
 		{
-			Shard	   *sh = w->sh;
-
+			atomic_fetch_sub(&outstanding, 1);
+			query_failed(sh, &conn, res, k->graph);
+		}
+		else
+		{
 			pthread_mutex_lock(&sh->lock);
 			if (sh->npending == sh->maxpending)
 			{
@@ -822,14 +769,9 @@ creator_main(void *arg)
 				sh->pending = xrealloc(sh->pending, sh->maxpending * sizeof(Pending));
 			}
 			sh->pending[sh->npending++] = (Pending) {
-				atoll(PQgetvalue(res, 0, 0)), intended, sent, k->steps
+				atoll(PQgetvalue(res, 0, 0)), w->rate > 0 ? intended : sent, sent, k->steps
 			};
 			pthread_mutex_unlock(&sh->lock);
-		}
-		else
-		{
-			atomic_fetch_sub(&outstanding, 1);
-			query_failed(w->sh, &conn, res, k->graph);
 		}
 		PQclear(res);
 	}
@@ -848,10 +790,44 @@ done_cmp(const void *a, const void *b)
 }
 
 /*
- * Open loop: find which of a shard's created flows have closed, POLL_BATCH
- * ids per query, and record them.  Latency is the flow's wait in the client
- * before its create was sent plus finished_at - created_at on the server,
- * so the polling period does not inflate it and no two clocks are mixed.
+ * Take the closed flows out of a shard's pending list and record them; the
+ * caller holds sh->lock.  Latency is the flow's wait in the client before
+ * its create was sent plus finished_at - created_at on the server, so the
+ * polling period does not inflate it and no two clocks are mixed.  Returns
+ * how many did not complete; *example is one of them.
+ */
+static int
+collect_locked(Shard *sh, const Done *done, size_t ndone, Done *example)
+{
+	double		now = now_s();
+	size_t		kept = 0;
+	int			failed = 0;
+
+	for (size_t i = 0; i < sh->npending; i++)
+	{
+		Pending    *p = &sh->pending[i];
+		Done		key = {.id = p->id};
+		const Done *d = bsearch(&key, done, ndone, sizeof(Done), done_cmp);
+
+		if (d == NULL)
+			sh->pending[kept++] = *p;
+		else if (strcmp(d->status, "completed") != 0)
+		{
+			*example = *d;
+			failed++;
+		}
+		else
+			record_locked(sh, d->server_us < 0 ? now - p->intended :
+						  p->sent - p->intended + d->server_us / 1e6, p->steps);
+	}
+	atomic_fetch_sub(&outstanding, (int) (sh->npending - kept));
+	sh->npending = kept;
+	return failed;
+}
+
+/*
+ * Open loop: poll dwarf.flow for which of a shard's pending flows have
+ * closed, POLL_BATCH ids per query, and collect them.
  */
 static void *
 poller_main(void *arg)
@@ -867,17 +843,14 @@ poller_main(void *arg)
 	while (!atomic_load(&stop_poll))
 	{
 		size_t		n,
-					ndone = 0,
-					kept = 0;
-		int			failed = 0;
-		Done		example = {0};
-		double		now;
+					ndone = 0;
+		Done		example;
+		int			failed;
 
 		if (!conn && !(conn = bench_connect(sh, poll_sql)))
 			continue;
 		pthread_mutex_lock(&sh->lock);
-		n = sh->npending;
-		if (n > maxids)
+		if ((n = sh->npending) > maxids)
 			ids = xrealloc(ids, (maxids = sh->maxpending) * sizeof(long long));
 		for (size_t i = 0; i < n; i++)
 			ids[i] = sh->pending[i].id;
@@ -889,24 +862,20 @@ poller_main(void *arg)
 			PGresult   *res;
 
 			array.len = 0;
-			buf_printf(&array, "{");
 			for (size_t i = off; i < n && i < off + POLL_BATCH; i++)
-				buf_printf(&array, "%s%lld", i > off ? "," : "", ids[i]);
+				buf_printf(&array, "%s%lld", i > off ? "," : "{", ids[i]);
 			buf_printf(&array, "}");
 			param = array.data;
 			res = PQexecPrepared(conn, "s", 1, &param, NULL, NULL, 0);
 			if (PQresultStatus(res) != PGRES_TUPLES_OK)
 				query_failed(sh, &conn, res, "poll dwarf.flow");
-			for (int r = 0; conn && r < PQntuples(res); r++)
+			for (int r = 0; r < PQntuples(res); r++, ndone++)
 			{
-				Done	   *d;
-
 				if (ndone == maxdone)
 					done = xrealloc(done, (maxdone = maxdone ? 2 * maxdone : 1024) * sizeof(Done));
-				d = &done[ndone++];
-				d->id = atoll(PQgetvalue(res, r, 0));
-				snprintf(d->status, sizeof d->status, "%s", PQgetvalue(res, r, 1));
-				d->server_us = PQgetisnull(res, r, 2) ? -1 : atoll(PQgetvalue(res, r, 2));
+				done[ndone].id = atoll(PQgetvalue(res, r, 0));
+				snprintf(done[ndone].status, sizeof done->status, "%s", PQgetvalue(res, r, 1));
+				done[ndone].server_us = PQgetisnull(res, r, 2) ? -1 : atoll(PQgetvalue(res, r, 2));
 			}
 			PQclear(res);
 		}
@@ -915,32 +884,12 @@ poller_main(void *arg)
 			sleep_s(0.002);
 			continue;
 		}
-
 		qsort(done, ndone, sizeof(Done), done_cmp);
-		now = now_s();
 		pthread_mutex_lock(&sh->lock);
-		for (size_t i = 0; i < sh->npending; i++)
-		{
-			Pending    *p = &sh->pending[i];
-			Done		key = {.id = p->id};
-			Done	   *d = bsearch(&key, done, ndone, sizeof(Done), done_cmp);
-
-			if (d == NULL)
-				sh->pending[kept++] = *p;
-			else if (strcmp(d->status, "completed") != 0)
-			{
-				example = *d;
-				failed++;
-			}
-			else
-				record_locked(sh, d->server_us < 0 ? now - p->intended :
-							  p->sent - p->intended + d->server_us / 1e6, p->steps);
-		}
-		atomic_fetch_sub(&outstanding, (int) (sh->npending - kept));
-		sh->npending = kept;
+		failed = collect_locked(sh, done, ndone, &example);
 		pthread_mutex_unlock(&sh->lock);
 		if (failed)
-			add_errors(sh, failed, "%d flows did not complete, e.g. flow %lld ended %s",
+			add_errors(sh, failed, "%d flow(s) did not complete, e.g. flow %lld ended %s",
 					   failed, example.id, example.status);
 	}
 	PQfinish(conn);
@@ -951,7 +900,7 @@ poller_main(void *arg)
 }
 
 /*
- * Read /proc/<pid>/stat: the parent pid and the CPU ticks of the process
+ * Read /proc/<pid>/stat: the parent pid, and the CPU ticks of the process
  * and of its reaped children.  False if the process is gone.
  */
 static bool
@@ -959,7 +908,8 @@ read_proc_stat(const char *pid, int *ppid, double *ticks)
 {
 	char		path[300],
 				buf[1024];
-	unsigned long long ut, st;
+	unsigned long long ut,
+				st;
 	long long	cut,
 				cst;
 	const char *p;
@@ -972,7 +922,7 @@ read_proc_stat(const char *pid, int *ppid, double *ticks)
 	n = fread(buf, 1, sizeof buf - 1, f);
 	fclose(f);
 	buf[n] = '\0';
-	/* the command name may contain anything, so skip past its last ')' */
+	/* the command name may contain anything, so start after its last ')' */
 	if ((p = strrchr(buf, ')')) == NULL ||
 		sscanf(p + 1, " %*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld",
 			   ppid, &ut, &st, &cut, &cst) != 5)
@@ -1000,10 +950,9 @@ server_cpu_us(int pm_pid)
 		int			ppid;
 		double		t;
 
-		if (!isdigit((unsigned char) de->d_name[0]) ||
-			!read_proc_stat(de->d_name, &ppid, &t))
-			continue;
-		if (ppid == pm_pid || atoi(de->d_name) == pm_pid)
+		if (isdigit((unsigned char) de->d_name[0]) &&
+			read_proc_stat(de->d_name, &ppid, &t) &&
+			(ppid == pm_pid || atoi(de->d_name) == pm_pid))
 			ticks += t;
 	}
 	closedir(dir);
@@ -1026,7 +975,7 @@ local_postmaster(const char *backend_pid, const char *datadir)
 	FILE	   *f;
 
 	if (*datadir == '\0')
-		return 0;			/* not allowed to read data_directory */
+		return 0;				/* not allowed to read data_directory */
 	snprintf(path, sizeof path, "%s/postmaster.pid", datadir);
 	if ((f = fopen(path, "r")) == NULL)
 		return 0;
@@ -1039,44 +988,28 @@ local_postmaster(const char *backend_pid, const char *datadir)
 }
 
 /*
- * Run a monitoring query (main thread, one row expected).  Returns the
- * result, or NULL after counting the error; a lost connection is reset.
+ * Run a one-row monitoring query on the shard's own connection (main
+ * thread).  Returns the result, or NULL after counting the error; a lost
+ * connection is reset for the next call.
  */
 static PGresult *
-mon_query(Shard *sh, const char *sql, int nparams, const char *const *params)
+mon_query(Shard *sh, const char *sql, const char *param)
 {
-	PGresult   *res = PQexecParams(sh->mon, sql, nparams, NULL, params, NULL, NULL, 0);
+	PGresult   *res = PQexecParams(sh->mon, sql, param ? 1 : 0, NULL, &param, NULL, NULL, 0);
 
 	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
 		return res;
-	add_errors(sh, 1, "monitor query: %s", PQresultStatus(res) == PGRES_TUPLES_OK ?
-			   "no row" : PQresultErrorMessage(res));
+	add_errors(sh, 1, "monitor query: %s", PQresultErrorMessage(res));
 	PQclear(res);
 	if (PQstatus(sh->mon) == CONNECTION_BAD)
 		PQreset(sh->mon);
 	return NULL;
 }
 
-/* Running flows on a shard, NAN if unknown. */
-static double
-shard_backlog(Shard *sh)
-{
-	PGresult   *res = mon_query(sh, "SELECT count(*) FROM dwarf.flow WHERE status = 'running'",
-								0, NULL);
-	double		n;
-
-	if (res == NULL)
-		return NAN;
-	n = atof(PQgetvalue(res, 0, 0));
-	PQclear(res);
-	return n;
-}
-
 /*
- * Read a shard's server-wide counters: WAL position and records, WAL
- * writes and syncs, commits in this database, the server's CPU, and for
- * dwarf the running flows and the step watermark (given no begin) or the
- * number of steps past the begin's watermark.
+ * Read a shard's counters: WAL position and records, WAL writes and syncs,
+ * commits in this database, the server's CPU, and for dwarf the running
+ * flows and the step watermark (without begin) or the steps past begin's.
  */
 static void
 snap_take(Shard *sh, Snap *s, const Snap *begin, bool dwarf)
@@ -1085,129 +1018,152 @@ snap_take(Shard *sh, Snap *s, const Snap *begin, bool dwarf)
 	unsigned	hi,
 				lo;
 
-	memset(s, 0, sizeof *s);
-	s->cpu_us = sh->pm_pid ? server_cpu_us(sh->pm_pid) : NAN;
-	s->backlog = NAN;
-	if ((res = mon_query(sh, stats_sql, 0, NULL)) != NULL)
+	*s = (Snap) {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
+	if (sh->pm_pid)
+		s->cpu_us = server_cpu_us(sh->pm_pid);
+	if ((res = mon_query(sh, stats_sql, NULL)) != NULL)
 	{
-		s->ok = sscanf(PQgetvalue(res, 0, 0), "%X/%X", &hi, &lo) == 2;
-		s->lsn = (uint64_t) hi << 32 | lo;
+		if (sscanf(PQgetvalue(res, 0, 0), "%X/%X", &hi, &lo) == 2)
+			s->lsn = (double) ((uint64_t) hi << 32 | lo);
 		s->wal_records = atof(PQgetvalue(res, 0, 1));
 		s->wal_syncs = atof(PQgetvalue(res, 0, 2));
 		s->wal_writes = atof(PQgetvalue(res, 0, 3));
 		s->commits = atof(PQgetvalue(res, 0, 4));
 		PQclear(res);
 	}
-	if (!dwarf || (begin && !begin->dwarf_ok))
+	if (!dwarf || (begin && isnan(begin->steps)))
 		return;
 	if (begin == NULL)
-		res = mon_query(sh, "SELECT coalesce(max(step_id), 0), "
-						"(SELECT count(*) FROM dwarf.flow WHERE status = 'running') "
-						"FROM dwarf.step", 0, NULL);
+		res = mon_query(sh, "SELECT coalesce(max(step_id), 0), " RUNNING_SQL " FROM dwarf.step", NULL);
 	else
 	{
 		char		mark[32];
-		const char *param = mark;
 
-		snprintf(mark, sizeof mark, "%lld", begin->steps);
-		res = mon_query(sh, "SELECT count(*), "
-						"(SELECT count(*) FROM dwarf.flow WHERE status = 'running') "
-						"FROM dwarf.step WHERE step_id > $1::bigint", 1, &param);
+		snprintf(mark, sizeof mark, "%.0f", begin->steps);
+		res = mon_query(sh, "SELECT count(*), " RUNNING_SQL " FROM dwarf.step "
+						"WHERE step_id > $1::bigint", mark);
 	}
 	if (res != NULL)
 	{
-		s->dwarf_ok = true;
-		s->steps = atoll(PQgetvalue(res, 0, 0));
+		s->steps = atof(PQgetvalue(res, 0, 0));
 		s->backlog = atof(PQgetvalue(res, 0, 1));
 		PQclear(res);
 	}
 }
 
 /*
- * Turn a window's counters and its two snapshots into metrics.  Steps come
- * from dwarf.step when it could be counted, else from the completed flows.
+ * Turn the shards' window counters and snapshots into metrics.  Steps come
+ * from dwarf.step where it could be counted, else from completed flows.
+ * WAL, WAL flushes and CPU are server-wide: for shards that share a server
+ * they are taken once, and per step of all its shards.
  */
 static void
-metrics(const Counters *c, const Snap *b, const Snap *e, double secs, Metrics *m)
+compute(Report *rep)
 {
-	double		nan = NAN;
-
-	m->flows = c->flows;
-	m->steps = b->dwarf_ok && e->dwarf_ok ? (double) e->steps : (double) c->steps;
-	m->flows_s = c->flows / secs;
-	m->steps_s = m->steps / secs;
-	m->flow_steps_s = c->steps / secs;
-	m->p50 = hist_ms(&c->lat, 0.50);
-	m->p95 = hist_ms(&c->lat, 0.95);
-	m->p99 = hist_ms(&c->lat, 0.99);
-	m->errors = c->errors;
-	m->wal_bytes = b->ok && e->ok ? (double) (e->lsn - b->lsn) : nan;
-	m->wal_records = b->ok && e->ok ? e->wal_records - b->wal_records : nan;
-	m->commits_s = b->ok && e->ok ? (e->commits - b->commits) / secs : nan;
-	m->syncs_s = b->ok && e->ok ? (e->wal_syncs - b->wal_syncs) / secs : nan;
-	m->writes_s = b->ok && e->ok ? (e->wal_writes - b->wal_writes) / secs : nan;
-	m->cpu_us = e->cpu_us - b->cpu_us;
-	m->backlog_end = e->backlog;
-	m->backlog_slope = (e->backlog - b->backlog) / secs;
-}
-
-/*
- * Sum shard metrics into a total and turn the per-window sums (WAL, CPU)
- * into per-step figures.  CPU per step counts only shards whose CPU could
- * be read; latency percentiles come from the merged histograms.
- */
-static void
-finish_report(Report *rep)
-{
+	static Counters all;
+	double		steps[MAX_SHARDS],
+				server_steps[MAX_SHARDS] = {0},
+				cpu_steps = 0,
+				secs = rep->secs;
 	Metrics    *t = &rep->total;
-	Counters	all;
-	double		cpu_steps = 0;
 
 	memset(&all, 0, sizeof all);
 	memset(t, 0, sizeof *t);
-	t->cpu_us = 0;
 	for (int i = 0; i < opt.nshards; i++)
 	{
+		steps[i] = isnan(shards[i].end.steps) ? shards[i].done.steps : shards[i].end.steps;
+		server_steps[shards[i].server] += steps[i];
+	}
+	for (int i = 0; i < opt.nshards; i++)
+	{
+		Shard	   *sh = &shards[i];
+		const Snap *b = &sh->begin,
+				   *e = &sh->end;
 		Metrics    *m = &rep->shard[i];
+		double		wal = e->lsn - b->lsn,
+					records = e->wal_records - b->wal_records,
+					cpu = e->cpu_us - b->cpu_us;
 
-		counters_add(&all, &shards[i].done);
+		counters_add(&all, &sh->done);
+		m->flows = sh->done.flows;
+		m->steps = steps[i];
+		m->flows_s = m->flows / secs;
+		m->steps_s = m->steps / secs;
+		m->flow_steps_s = sh->done.steps / secs;
+		m->p50 = hist_ms(&sh->done.lat, 0.50);
+		m->p95 = hist_ms(&sh->done.lat, 0.95);
+		m->p99 = hist_ms(&sh->done.lat, 0.99);
+		m->errors = sh->done.errors;
+		m->commits_s = (e->commits - b->commits) / secs;
+		m->backlog_end = e->backlog;
+		m->backlog_slope = (e->backlog - b->backlog) / secs;
+		m->wal_bytes = wal / server_steps[sh->server];
+		m->wal_records = records / server_steps[sh->server];
+		m->syncs_s = (e->wal_syncs - b->wal_syncs) / secs;
+		m->writes_s = (e->wal_writes - b->wal_writes) / secs;
+		m->cpu_us = cpu / server_steps[sh->server];
+
 		t->flows += m->flows;
 		t->steps += m->steps;
-		t->flows_s += m->flows_s;
-		t->steps_s += m->steps_s;
 		t->flow_steps_s += m->flow_steps_s;
 		t->errors += m->errors;
-		t->wal_bytes += m->wal_bytes;
-		t->wal_records += m->wal_records;
 		t->commits_s += m->commits_s;
-		t->syncs_s += m->syncs_s;
-		t->writes_s += m->writes_s;
 		t->backlog_end += m->backlog_end;
 		t->backlog_slope += m->backlog_slope;
-		if (!isnan(m->cpu_us))
+		if (sh->server != i)
+			continue;
+		t->wal_bytes += wal;
+		t->wal_records += records;
+		t->syncs_s += m->syncs_s;
+		t->writes_s += m->writes_s;
+		if (!isnan(cpu))
 		{
-			t->cpu_us += m->cpu_us;
-			cpu_steps += m->steps;
+			t->cpu_us += cpu;
+			cpu_steps += server_steps[i];
 		}
-		m->cpu_us /= m->steps;
-		m->wal_bytes /= m->steps;
-		m->wal_records /= m->steps;
 	}
+	t->flows_s = t->flows / secs;
+	t->steps_s = t->steps / secs;
 	t->p50 = hist_ms(&all.lat, 0.50);
 	t->p95 = hist_ms(&all.lat, 0.95);
 	t->p99 = hist_ms(&all.lat, 0.99);
-	t->cpu_us = cpu_steps > 0 ? t->cpu_us / cpu_steps : NAN;
 	t->wal_bytes /= t->steps;
 	t->wal_records /= t->steps;
+	t->cpu_us = cpu_steps > 0 ? t->cpu_us / cpu_steps : NAN;
+}
+
+/* Format a number for people; "-" when unknown. */
+static const char *
+num(double v, int prec)
+{
+	static char ring[16][32];
+	static int	next;
+	char	   *s = ring[next++ % 16];
+
+	if (!isfinite(v))
+		return "-";
+	snprintf(s, 32, "%.*f", prec, v);
+	return s;
+}
+
+/* What a window runs, for people: "linear closed" or "reference". */
+static const char *
+run_name(RunMode mode)
+{
+	static char name[32];
+
+	if (mode == RUN_REFERENCE)
+		return "reference";
+	snprintf(name, sizeof name, "%s %s", workload_names[opt.workload], mode_names[mode]);
+	return name;
 }
 
 /*
- * Print a progress line for the interval just ended (and a CSV row) from
+ * Print a progress line (and a CSV row) for the interval just ended, from
  * the shards' interval counters, which start over.
  */
 static void
-progress(RunMode mode, int conc, double rate, const char *phase,
-		 double elapsed, double secs)
+progress(RunMode mode, int conc, double rate, const char *phase, double elapsed, double secs)
 {
 	static Counters sum;
 	double		backlog = mode == RUN_REFERENCE ? NAN : 0;
@@ -1218,55 +1174,55 @@ progress(RunMode mode, int conc, double rate, const char *phase,
 	for (int i = 0; i < opt.nshards; i++)
 	{
 		Shard	   *sh = &shards[i];
+		PGresult   *res;
 
 		pthread_mutex_lock(&sh->lock);
 		counters_add(&sum, &sh->tick);
 		memset(&sh->tick, 0, sizeof sh->tick);
 		sh->shown = 0;
 		pthread_mutex_unlock(&sh->lock);
-		if (mode != RUN_REFERENCE)
-			backlog += shard_backlog(sh);
+		if (mode == RUN_REFERENCE)
+			continue;
+		res = mon_query(sh, "SELECT " RUNNING_SQL, NULL);
+		backlog += res ? atof(PQgetvalue(res, 0, 0)) : NAN;
+		PQclear(res);
 	}
 	p50 = hist_ms(&sum.lat, 0.50);
 	p99 = hist_ms(&sum.lat, 0.99);
-	printf("%s %s c=%d %-9s %6.1f s %9.1f flows/s %10.1f steps/s  p50 %8.2f ms  p99 %8.2f ms"
-		   "  backlog %.0f  errors %llu\n",
-		   mode == RUN_REFERENCE ? "reference" : workload_names[opt.workload],
-		   mode_names[mode], conc, phase, elapsed, sum.flows / secs, sum.steps / secs,
-		   p50, p99, backlog, (unsigned long long) sum.errors);
+	printf("%s c=%d %s %6.1f s %9.1f flows/s %10.1f steps/s  p50 %s ms  p99 %s ms  backlog %s  errors %llu\n",
+		   run_name(mode), conc, phase, elapsed, sum.flows / secs, sum.steps / secs,
+		   num(p50, 2), num(p99, 2), num(backlog, 0), (unsigned long long) sum.errors);
 	fflush(stdout);
-	if (csv_file)
+	if (csv_file == NULL)
+		return;
+	fprintf(csv_file, "%.3f,%s,%s,%d,%g,%s,%.3f,%.3f,%.3f,%s,%s,%s,%llu,\"",
+			now_s() + wall_offset, mode == RUN_REFERENCE ? "reference" : workload_names[opt.workload],
+			mode_names[mode], conc, rate, phase, elapsed, sum.flows / secs, sum.steps / secs,
+			isnan(p50) ? "" : num(p50, 3), isnan(p99) ? "" : num(p99, 3),
+			isnan(backlog) ? "" : num(backlog, 0), (unsigned long long) sum.errors);
+	for (const char *c = opt.label; *c; c++)
 	{
-		Buf			label = {0};
-
-		buf_printf(&label, "\"");
-		for (const char *c = opt.label; *c; c++)
-			buf_printf(&label, *c == '"' ? "\"\"" : "%c", *c);
-		buf_printf(&label, "\"");
-		fprintf(csv_file, "%.3f,%s,%s,%s,%d,%g,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.0f,%llu\n",
-				now_s() - start_time, label.data,
-				mode == RUN_REFERENCE ? "reference" : workload_names[opt.workload],
-				mode_names[mode], conc, rate, phase, elapsed, sum.flows / secs,
-				sum.steps / secs, p50, p99, backlog, (unsigned long long) sum.errors);
-		fflush(csv_file);
-		free(label.data);
+		if (*c == '"')
+			fputc('"', csv_file);	/* CSV doubles quotes */
+		fputc(*c, csv_file);
 	}
+	fputs("\"\n", csv_file);	/* the label comes last: it may hold commas */
+	fflush(csv_file);
 }
 
 /*
  * Start a window's threads, warm up, measure one window with a progress
- * line per interval, stop and drain, and compute the metrics into rep.
+ * line per interval, compute the metrics into rep, then stop and (open
+ * loop) wait up to -timeout for the flows still open.
  */
 static void
 run_window(RunMode mode, int conc, double rate, Report *rep)
 {
-	Worker	   *workers = calloc(conc, sizeof(Worker));
+	Worker	   *workers = xrealloc(NULL, conc * sizeof(Worker));
 	pthread_t	pollers[MAX_SHARDS];
-	double		start,
-				begin_at,
-				end_at,
-				next_tick,
-				last_tick,
+	double		start = now_s(),
+				last_tick = start,
+				next_tick = start + opt.interval,
 				began = 0;
 
 	for (int i = 0; i < opt.nshards; i++)
@@ -1279,7 +1235,7 @@ run_window(RunMode mode, int conc, double rate, Report *rep)
 	atomic_store(&stop_submit, false);
 	atomic_store(&stop_poll, false);
 	atomic_store(&outstanding, 0);
-	start = last_tick = sched_next = now_s();
+	sched_next = start;
 	for (int i = 0; i < conc; i++)
 	{
 		workers[i] = (Worker) {.id = i, .sh = &shards[i % opt.nshards], .mode = mode, .rate = rate};
@@ -1291,28 +1247,11 @@ run_window(RunMode mode, int conc, double rate, Report *rep)
 		if (pthread_create(&pollers[i], NULL, poller_main, &shards[i]))
 			die("cannot start poller");
 
-	begin_at = start + opt.warmup;
-	end_at = begin_at + opt.window;
-	next_tick = start + opt.interval;
 	for (;;)
 	{
-		double		wake = began ? end_at : begin_at;
+		double		phase_end = began ? began + opt.window : start + opt.warmup;
 
-		sleep_s((next_tick < wake ? next_tick : wake) - now_s());
-		if (!began && now_s() >= begin_at)
-		{
-			for (int i = 0; i < opt.nshards; i++)
-			{
-				Shard	   *sh = &shards[i];
-
-				snap_take(sh, &sh->begin, NULL, mode != RUN_REFERENCE);
-				pthread_mutex_lock(&sh->lock);
-				memset(&sh->window, 0, sizeof(Counters));
-				sh->recording = true;
-				pthread_mutex_unlock(&sh->lock);
-			}
-			began = now_s();
-		}
+		sleep_s((next_tick < phase_end ? next_tick : phase_end) - now_s());
 		if (now_s() >= next_tick)
 		{
 			double		now = now_s();
@@ -1321,86 +1260,75 @@ run_window(RunMode mode, int conc, double rate, Report *rep)
 			last_tick = now;
 			next_tick += opt.interval;
 		}
-		if (began && now_s() >= end_at)
+		if (now_s() < phase_end)
+			continue;
+		if (began)
 			break;
+		for (int i = 0; i < opt.nshards; i++)
+		{
+			Shard	   *sh = &shards[i];
+
+			snap_take(sh, &sh->begin, NULL, mode != RUN_REFERENCE);
+			pthread_mutex_lock(&sh->lock);
+			memset(&sh->window, 0, sizeof(Counters));
+			sh->recording = true;
+			pthread_mutex_unlock(&sh->lock);
+		}
+		began = now_s();
 	}
 	for (int i = 0; i < opt.nshards; i++)
 	{
-		Shard	   *sh = &shards[i];
-
-		pthread_mutex_lock(&sh->lock);
-		sh->recording = false;
-		sh->done = sh->window;
-		pthread_mutex_unlock(&sh->lock);
+		pthread_mutex_lock(&shards[i].lock);
+		shards[i].recording = false;
+		shards[i].done = shards[i].window;
+		pthread_mutex_unlock(&shards[i].lock);
 	}
 	rep->secs = now_s() - began;
 	for (int i = 0; i < opt.nshards; i++)
-	{
-		Shard	   *sh = &shards[i];
-
-		snap_take(sh, &sh->end, &sh->begin, mode != RUN_REFERENCE);
-		metrics(&sh->done, &sh->begin, &sh->end, rep->secs, &rep->shard[i]);
-	}
-	finish_report(rep);
+		snap_take(&shards[i], &shards[i].end, &shards[i].begin, mode != RUN_REFERENCE);
+	compute(rep);
 
 	atomic_store(&stop_submit, true);
 	for (int i = 0; i < conc; i++)
 		pthread_join(workers[i].thread, NULL);
-	if (mode == RUN_OPEN)
-	{
-		double		deadline = now_s() + opt.timeout;
-
-		while (atomic_load(&outstanding) > 0 && now_s() < deadline)
-			sleep_s(0.01);
-		if (atomic_load(&outstanding) > 0)
-			fprintf(stderr, "dwarf-bench: %d flows still open %g s after the window\n",
-					atomic_load(&outstanding), opt.timeout);
-		atomic_store(&stop_poll, true);
-		for (int i = 0; i < opt.nshards; i++)
-		{
-			pthread_join(pollers[i], NULL);
-			shards[i].npending = 0;
-		}
-	}
 	free(workers);
+	if (mode != RUN_OPEN)
+		return;
+	for (double deadline = now_s() + opt.timeout; atomic_load(&outstanding) > 0 && now_s() < deadline;)
+		sleep_s(0.01);
+	if (atomic_load(&outstanding) > 0)
+		fprintf(stderr, "dwarf-bench: %d flows still open %g s after the window; going on\n",
+				atomic_load(&outstanding), opt.timeout);
+	atomic_store(&stop_poll, true);
+	for (int i = 0; i < opt.nshards; i++)
+	{
+		pthread_join(pollers[i], NULL);
+		shards[i].npending = 0;
+	}
 }
 
-/* Format a number for the human report; "-" when unknown. */
-static const char *
-num(double v, int prec)
-{
-	static char ring[16][32];
-	static int	next;
-	char	   *s = ring[next++ % 16];
-
-	if (isnan(v) || isinf(v))
-		return "-";
-	snprintf(s, 32, "%.*f", prec, v);
-	return s;
-}
-
-/* Print a window's metrics (one shard or the total) for a human. */
+/* Print a window's metrics (one shard or the total) for people. */
 static void
 print_metrics(const char *indent, const Metrics *m, const Metrics *ref)
 {
 	printf("%s%s flows/s  %s steps/s  latency p50 %s p95 %s p99 %s ms  errors %.0f\n",
 		   indent, num(m->flows_s, 1), num(m->steps_s, 1),
 		   num(m->p50, 2), num(m->p95, 2), num(m->p99, 2), m->errors);
-	printf("%s  WAL %s B/step %s records/step  %s commits/s  %s WAL flushes/s  "
+	printf("%sWAL %s B/step %s records/step  %s commits/s  %s WAL flushes/s  "
 		   "CPU %s us/step  backlog %s (%s/s)\n",
 		   indent, num(m->wal_bytes, 0), num(m->wal_records, 2), num(m->commits_s, 1),
 		   num(m->syncs_s, 1), num(m->cpu_us, 1), num(m->backlog_end, 0),
 		   num(m->backlog_slope, 2));
 	if (ref)
-		printf("%s  reference %s tps: ratio %s steps per reference write\n",
+		printf("%sreference %s tps: ratio %s steps per reference write\n",
 			   indent, num(ref->steps_s, 1), num(m->steps_s / ref->steps_s, 3));
 }
 
-/* Append a JSON number (integral values without decimals) or null. */
+/* Append a JSON number field (integral values without decimals) or null. */
 static void
 json_num(Buf *b, const char *key, double v)
 {
-	if (isnan(v) || isinf(v))
+	if (!isfinite(v))
 		buf_printf(b, ", \"%s\": null", key);
 	else if (v == floor(v) && fabs(v) < 1e15)
 		buf_printf(b, ", \"%s\": %.0f", key, v);
@@ -1434,30 +1362,32 @@ json_metrics(Buf *b, const Metrics *m, const Metrics *ref)
 }
 
 /*
- * Report one window: human lines on stdout and, with -out, one JSON object
- * per line with the totals and a "shards" array.
+ * Report one window: lines for people on stdout and, with -out, one JSON
+ * object per line with the totals and a "shards" array.
  */
 static void
 report(RunMode mode, int conc, double rate, const Report *r, const Report *ref)
 {
-	const char *name = mode == RUN_REFERENCE ? "reference" : workload_names[opt.workload];
-	double		steps_per_flow = 0;
+	double		steps_per_flow = mode == RUN_REFERENCE ? 1 : 0;
 	bool		durable = true;
 	Buf			b = {0};
 
-	for (int i = 0; i < nkinds; i++)
+	for (int i = 0; i < nkinds && mode != RUN_REFERENCE; i++)
 		steps_per_flow += (double) kinds[i].steps / nkinds;
 	for (int i = 0; i < opt.nshards; i++)
 		durable &= !strcmp(shards[i].fsync, "on") && !strcmp(shards[i].sync_commit, "on");
 
-	printf("== %s%s%s %s c=%d", opt.label, *opt.label ? ": " : "", name, mode_names[mode], conc);
+	printf("== %s%s%s c=%d", opt.label, *opt.label ? ": " : "", run_name(mode), conc);
 	if (mode == RUN_OPEN)
 		printf(" offered %s flows/s", rate > 0 ? num(rate, 1) : "unpaced");
 	printf(", %.1f s window%s\n", r->secs, durable ? "" : " (NOT durable: fsync or synchronous_commit off)");
 	print_metrics("   ", &r->total, ref ? &ref->total : NULL);
 	for (int i = 0; opt.nshards > 1 && i < opt.nshards; i++)
 	{
-		printf("   shard %d (%s):\n", i, shards[i].where);
+		printf("   shard %d (%s)", i, shards[i].where);
+		if (shards[i].server != i)
+			printf(", same server as shard %d: WAL, flushes, CPU are the server's", shards[i].server);
+		printf(":\n");
 		print_metrics("     ", &r->shard[i], ref ? &ref->shard[i] : NULL);
 	}
 	fflush(stdout);
@@ -1466,10 +1396,11 @@ report(RunMode mode, int conc, double rate, const Report *r, const Report *ref)
 
 	buf_printf(&b, "{\"label\": ");
 	buf_json_string(&b, opt.label);
-	buf_printf(&b, ", \"workload\": \"%s\", \"mode\": \"%s\"", name, mode_names[mode]);
+	buf_printf(&b, ", \"workload\": \"%s\", \"mode\": \"%s\"",
+			   mode == RUN_REFERENCE ? "reference" : workload_names[opt.workload], mode_names[mode]);
 	json_num(&b, "concurrency", conc);
 	json_num(&b, "arrival_rate", mode == RUN_OPEN ? rate : NAN);
-	json_num(&b, "steps_per_flow", mode == RUN_REFERENCE ? 1 : steps_per_flow);
+	json_num(&b, "steps_per_flow", steps_per_flow);
 	json_num(&b, "payload", opt.payload);
 	buf_printf(&b, ", \"payload_json\": %s, \"durable\": %s",
 			   opt.payload_json ? "true" : "false", durable ? "true" : "false");
@@ -1492,40 +1423,36 @@ report(RunMode mode, int conc, double rate, const Report *r, const Report *ref)
 }
 
 /*
- * The payload as a JSON value of about `bytes` bytes: a string of
+ * The payload as a JSON value of about -payload bytes: a string of
  * random-looking base64 (pglz cannot shrink it, like encrypted or binary
  * data) or, with -payload-json, a document of similar records (compressible,
- * like real application state).  Neither contains a quote character.
+ * like real application state).  Neither contains a single quote.
  */
-static char *
+static const char *
 make_payload(void)
 {
-	static const char b64[] =
-	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 	uint64_t	x = 88172645463325252ULL;
 	Buf			b = {0};
 
 	if (!opt.payload_json)
 	{
-		char	   *s = xrealloc(NULL, opt.payload + 3);
-
-		s[0] = '"';
-		for (int i = 1; i <= opt.payload; i++)
+		buf_printf(&b, "\"");
+		for (int i = 0; i < opt.payload; i++)
 		{
 			x ^= x << 13;
 			x ^= x >> 7;
 			x ^= x << 17;
-			s[i] = b64[x & 63];
+			buf_printf(&b, "%c", b64[x & 63]);
 		}
-		s[opt.payload + 1] = '"';
-		s[opt.payload + 2] = '\0';
-		return s;
+		buf_printf(&b, "\"");
+		return b.data;
 	}
 	buf_printf(&b, "{\"items\": [");
 	for (int i = 1;; i++)
 	{
 		char		rec[200];
-		int			len = snprintf(rec, sizeof rec,
+		size_t		len = snprintf(rec, sizeof rec,
 								   "%s{\"id\": %d, \"sku\": \"SKU-%06d\", \"name\": \"standard widget\", "
 								   "\"qty\": %d, \"price\": %d.%02d, \"tags\": [\"blue\", \"large\"]}",
 								   i > 1 ? ", " : "", i, i * 7, i % 5 + 1, i % 90 + 10, i % 100);
@@ -1538,8 +1465,8 @@ make_payload(void)
 	return b.data;
 }
 
-/* A graph definition document chaining n tasks that all call fn. */
-static char *
+/* A graph definition chaining n tasks S1..Sn that all call fn. */
+static const char *
 chain_definition(int n, const char *fn)
 {
 	Buf			b = {0};
@@ -1554,12 +1481,13 @@ chain_definition(int n, const char *fn)
 	return b.data;
 }
 
-/* Describe one kind of flow: its graph, definition, functions and input. */
+/* Describe one kind of flow: graph, definition, task functions, input. */
 static void
 add_kind(Workload w)
 {
-	static char *payload;
+	static const char *payload;
 	Kind	   *k = &kinds[nkinds++];
+	const char *enc = opt.payload_json ? "json" : "b64";
 	Buf			b = {0};
 	char		fn[64];
 
@@ -1570,20 +1498,18 @@ add_kind(Workload w)
 	switch (w)
 	{
 		case W_LINEAR:
-		case W_CARRY:
-			snprintf(k->graph, sizeof k->graph, "bench_%s_%d", workload_names[w], opt.steps);
+			snprintf(k->graph, sizeof k->graph, "bench_linear_%d", opt.steps);
 			k->definition = chain_definition(opt.steps, "dwarf_bench.noop");
-			if (w == W_CARRY)
-			{
-				buf_printf(&b, "{\"payload\": %s}", payload);
-				k->input = b.data;
-			}
+			break;
+		case W_CARRY:
+			snprintf(k->graph, sizeof k->graph, "bench_carry_%d", opt.steps);
+			k->definition = chain_definition(opt.steps, "dwarf_bench.noop");
+			buf_printf(&b, "{\"payload\": %s}", payload);
+			k->input = b.data;
 			break;
 		case W_STATE:
-			snprintf(fn, sizeof fn, "dwarf_bench.state_%d_%s", opt.payload,
-					 opt.payload_json ? "json" : "b64");
-			snprintf(k->graph, sizeof k->graph, "bench_state_%d_%d_%s", opt.steps, opt.payload,
-					 opt.payload_json ? "json" : "b64");
+			snprintf(fn, sizeof fn, "dwarf_bench.state_%d_%s", opt.payload, enc);
+			snprintf(k->graph, sizeof k->graph, "bench_state_%d_%d_%s", opt.steps, opt.payload, enc);
 			k->definition = chain_definition(opt.steps, fn);
 			buf_printf(&b, "CREATE OR REPLACE FUNCTION %s(s jsonb) RETURNS jsonb LANGUAGE sql "
 					   "AS $f$ SELECT '{\"payload\": %s}'::jsonb $f$", fn, payload);
@@ -1618,13 +1544,12 @@ add_kind(Workload w)
 			k->input = b.data;
 			k->steps = 2;
 			break;
-		case W_MIXED:
-		case W_REFERENCE:
-			die("no flow kind for workload %s", workload_names[w]);
+		default:
+			die("workload %s has no flow of its own", workload_names[w]);
 	}
 }
 
-/* Run a setup statement (one row or none expected); exit on failure. */
+/* Run a setup statement on a shard, or exit. */
 static PGresult *
 setup_exec(Shard *sh, const char *sql, int nparams, const char *const *params)
 {
@@ -1637,26 +1562,32 @@ setup_exec(Shard *sh, const char *sql, int nparams, const char *const *params)
 }
 
 /*
- * Connect the monitor connection of a shard, learn its durability settings
- * and whether it is local, and create what the workload needs: the schema,
- * the task functions, the graphs and the reference table.
+ * Connect a shard's monitor connection, learn its durability settings,
+ * whether it is local and which shards share its server, and create what
+ * the workload needs: schema, task functions, graphs, reference table.
  */
 static void
 setup_shard(Shard *sh)
 {
-	const char *q = "SELECT current_setting('fsync'), current_setting('synchronous_commit'), "
-		"pg_backend_pid(), coalesce((SELECT setting FROM pg_settings WHERE name = 'data_directory'), ''), "
-		"EXISTS (SELECT FROM pg_extension WHERE extname = 'dwarf'), "
-		"to_regprocedure('dwarf.sleep(interval)') IS NOT NULL";
 	PGresult   *res;
-	int			rows = 1000;
+	char		rows[16];
+	const char *params[2] = {rows};
+	int			n = 1000;
 
 	sh->mon = connect_dsn(sh->dsn);
 	if (PQstatus(sh->mon) != CONNECTION_OK)
 		die("cannot connect to shard %d (\"%s\"): %s", sh->idx, sh->dsn, PQerrorMessage(sh->mon));
-	snprintf(sh->where, sizeof sh->where, "%s:%s/%s",
-			 PQhost(sh->mon), PQport(sh->mon), PQdb(sh->mon));
-	res = setup_exec(sh, q, 0, NULL);
+	snprintf(sh->where, sizeof sh->where, "%s:%s/%s", PQhost(sh->mon), PQport(sh->mon), PQdb(sh->mon));
+	for (sh->server = 0; sh->server < sh->idx; sh->server++)
+		if (!strcmp(PQhost(shards[sh->server].mon), PQhost(sh->mon)) &&
+			!strcmp(PQport(shards[sh->server].mon), PQport(sh->mon)))
+			break;
+	res = setup_exec(sh, "SELECT current_setting('fsync'), current_setting('synchronous_commit'), "
+					 "pg_backend_pid(), coalesce((SELECT setting FROM pg_settings "
+					 "WHERE name = 'data_directory'), ''), "
+					 "EXISTS (SELECT FROM pg_extension WHERE extname = 'dwarf'), "
+					 "EXISTS (SELECT FROM pg_proc WHERE proname = 'sleep' "
+					 "AND pronamespace = to_regnamespace('dwarf'))", 0, NULL);
 	snprintf(sh->fsync, sizeof sh->fsync, "%s", PQgetvalue(res, 0, 0));
 	snprintf(sh->sync_commit, sizeof sh->sync_commit, "%s", PQgetvalue(res, 0, 1));
 	sh->pm_pid = local_postmaster(PQgetvalue(res, 0, 2), PQgetvalue(res, 0, 3));
@@ -1664,14 +1595,14 @@ setup_shard(Shard *sh)
 		die("shard %d (%s): extension dwarf is not installed in this database; run CREATE EXTENSION dwarf "
 			"(the server needs shared_preload_libraries = 'dwarf')", sh->idx, sh->where);
 	if (opt.workload == W_WAIT && strcmp(PQgetvalue(res, 0, 5), "t") != 0)
-		die("shard %d (%s): the wait workload needs dwarf.sleep(interval), which this dwarf lacks",
+		die("shard %d (%s): the wait workload needs dwarf.sleep(), which this dwarf lacks",
 			sh->idx, sh->where);
 	PQclear(res);
 	if (strcmp(sh->fsync, "on") != 0 || strcmp(sh->sync_commit, "on") != 0)
-		fprintf(stderr, "dwarf-bench: shard %d (%s) is not durable: fsync = %s, synchronous_commit = %s\n",
+		fprintf(stderr, "dwarf-bench: shard %d (%s) is NOT durable: fsync = %s, synchronous_commit = %s\n",
 				sh->idx, sh->where, sh->fsync, sh->sync_commit);
 	if (sh->pm_pid == 0)
-		fprintf(stderr, "dwarf-bench: shard %d (%s) is not a local server readable here; no CPU figures\n",
+		fprintf(stderr, "dwarf-bench: shard %d (%s) is not a local server readable here: no CPU figures\n",
 				sh->idx, sh->where);
 
 	PQclear(setup_exec(sh, "SET client_min_messages = warning", 0, NULL));
@@ -1681,30 +1612,27 @@ setup_shard(Shard *sh)
 						   "LANGUAGE sql AS $f$ SELECT '{}'::jsonb $f$", 0, NULL));
 	for (int i = 0; i < nkinds; i++)
 	{
-		const char *params[2] = {kinds[i].graph, kinds[i].definition};
-
 		if (kinds[i].functions)
 			PQclear(setup_exec(sh, kinds[i].functions, 0, NULL));
+		params[0] = kinds[i].graph;
+		params[1] = kinds[i].definition;
 		res = setup_exec(sh, "SELECT dwarf.define($1, $2::jsonb)", 2, params);
 		printf("shard %d: defined %s version %s\n", sh->idx, kinds[i].graph, PQgetvalue(res, 0, 0));
 		PQclear(res);
 	}
-	if (opt.reference || opt.workload == W_REFERENCE)
-	{
-		char		n[16];
-		const char *param = n;
-
-		for (int i = 0; i < opt.nconc; i++)
-			rows = opt.conc[i] > rows ? opt.conc[i] : rows;
-		snprintf(n, sizeof n, "%d", rows);
-		PQclear(setup_exec(sh, "CREATE TABLE IF NOT EXISTS dwarf_bench.ref "
-						   "(id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0)", 0, NULL));
-		PQclear(setup_exec(sh, "INSERT INTO dwarf_bench.ref (id) SELECT generate_series(1, $1::int) "
-						   "ON CONFLICT DO NOTHING", 1, &param));
-	}
+	if (!opt.reference && opt.workload != W_REFERENCE)
+		return;
+	for (int i = 0; i < opt.nconc; i++)
+		n = opt.conc[i] > n ? opt.conc[i] : n;
+	snprintf(rows, sizeof rows, "%d", n);
+	params[0] = rows;
+	PQclear(setup_exec(sh, "CREATE TABLE IF NOT EXISTS dwarf_bench.ref "
+					   "(id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0)", 0, NULL));
+	PQclear(setup_exec(sh, "INSERT INTO dwarf_bench.ref (id) SELECT generate_series(1, $1::int) "
+					   "ON CONFLICT DO NOTHING", 1, params));
 }
 
-/* Open an output file for appending; true if it is empty (needs a header). */
+/* Open a file for appending, or exit; *empty tells whether it needs a header. */
 static FILE *
 open_append(const char *path, bool *empty)
 {
@@ -1721,20 +1649,18 @@ main(int argc, char **argv)
 {
 	static Report result,
 				ref;
+	RunMode		mode;
 	bool		empty;
+	struct timespec wall;
 
 	parse_args(argc, argv);
-	start_time = now_s();
+	clock_gettime(CLOCK_REALTIME, &wall);
+	wall_offset = wall.tv_sec + wall.tv_nsec / 1e9 - now_s();
 	if (opt.workload == W_MIXED)
-	{
-		add_kind(W_LINEAR);
-		add_kind(W_FANOUT);
-		add_kind(W_STATE);
-		add_kind(W_CARRY);
-	}
+		for (Workload w = W_LINEAR; w <= W_CARRY; w++)
+			add_kind(w);
 	else if (opt.workload != W_REFERENCE)
 		add_kind(opt.workload);
-
 	for (int i = 0; i < opt.nshards; i++)
 	{
 		shards[i].idx = i;
@@ -1747,24 +1673,20 @@ main(int argc, char **argv)
 	if (opt.out)
 		out_file = open_append(opt.out, &empty);
 	if (opt.csv && (csv_file = open_append(opt.csv, &empty)) && empty)
-		fputs("t_s,label,workload,mode,concurrency,arrival_rate,phase,elapsed_s,"
-			  "flows_s,steps_s,p50_ms,p99_ms,backlog,errors\n", csv_file);
+		fputs("unix_s,workload,mode,concurrency,arrival_rate,phase,elapsed_s,"
+			  "flows_s,steps_s,p50_ms,p99_ms,backlog,errors,label\n", csv_file);
 
+	mode = opt.workload == W_REFERENCE ? RUN_REFERENCE : opt.nrate ? RUN_OPEN : RUN_CLOSED;
 	for (int c = 0; c < opt.nconc; c++)
-	{
 		for (int r = 0; r < (opt.nrate ? opt.nrate : 1); r++)
 		{
-			RunMode		mode = opt.workload == W_REFERENCE ? RUN_REFERENCE :
-				opt.nrate ? RUN_OPEN : RUN_CLOSED;
 			bool		with_ref = opt.reference && mode != RUN_REFERENCE;
-			double		rate = opt.nrate ? opt.rate[r] : 0;
 
-			run_window(mode, opt.conc[c], rate, &result);
+			run_window(mode, opt.conc[c], opt.rate[r], &result);
 			if (with_ref)
 				run_window(RUN_REFERENCE, opt.conc[c], 0, &ref);
-			report(mode, opt.conc[c], rate, &result, with_ref ? &ref : NULL);
+			report(mode, opt.conc[c], opt.rate[r], &result, with_ref ? &ref : NULL);
 		}
-	}
 	if (atomic_load(&total_errors) > 0)
 	{
 		fprintf(stderr, "dwarf-bench: %llu errors (see above)\n",
