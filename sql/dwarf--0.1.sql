@@ -82,8 +82,7 @@ CREATE TABLE dwarf.step (
 	step_id		bigint NOT NULL,
 	token		int NOT NULL,
 	task		text NOT NULL,
-	status		text NOT NULL
-				CHECK (status IN ('completed', 'failed', 'retry', 'interrupted', 'resumed', 'waiting')),
+	status		text NOT NULL,
 	attempt		int NOT NULL,
 	started_at	timestamptz NOT NULL,
 	finished_at timestamptz NOT NULL,
@@ -97,6 +96,9 @@ CREATE TABLE dwarf.step (
 CREATE INDEX step_step_id ON dwarf.step USING brin (step_id);
 COMMENT ON TABLE dwarf.step IS
 	'Durable step log: one row per task execution, in execution order per flow';
+COMMENT ON COLUMN dwarf.step.status IS
+	'completed, failed, retry (dwarf.retry), interrupted, resumed (dwarf.resume) or waiting (dwarf.subgraph). '
+	'Workers append these rows directly, without the executor: no triggers or constraints run on them';
 COMMENT ON COLUMN dwarf.step.token IS
 	'Flow-local number of the branch (token) that ran the step';
 COMMENT ON COLUMN dwarf.step.wake_at IS
