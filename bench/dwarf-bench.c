@@ -37,10 +37,12 @@
 
 #define MAX_SHARDS		64
 #define MAX_LIST		64
-#define HIST_BITS		5		/* 32 sub-buckets per power of two: ~3% */
+#define HIST_BITS		6		/* 64 sub-buckets per power of two: ~1.6% */
 #define HIST_SUB		(1 << HIST_BITS)
 #define HIST_BUCKETS	(64 * HIST_SUB)
 #define POLL_BATCH		1000	/* flow ids per completion query */
+#define POLL_PERIOD		0.01	/* seconds between polls, at least... */
+#define POLL_IDS_S		20000	/* ...and polled ids per second, at most */
 #define ERRORS_SHOWN	10		/* error messages per shard per interval */
 
 typedef enum Workload
@@ -71,7 +73,7 @@ static const char poll_sql[] =
 " FROM dwarf.flow WHERE id = ANY($1::bigint[]) AND status <> 'running'";
 
 static const char stats_sql[] =
-"SELECT pg_current_wal_lsn()::text, w.wal_records, w.wal_sync, w.wal_write, d.xact_commit"
+"SELECT pg_current_wal_lsn()::text, w.wal_records, w.wal_sync, w.wal_write, d.xact_commit, w.wal_bytes"
 " FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database()";
 
 #define RUNNING_SQL "(SELECT count(*) FROM dwarf.flow WHERE status = 'running')"
@@ -93,11 +95,13 @@ typedef struct Counters
 /*
  * A server's counters at one instant, NAN where unknown.  steps is the
  * highest dwarf.step.step_id at the window's start, and the number of steps
- * past it at the window's end.
+ * past it at the window's end.  wal_stat_bytes is what pg_stat_wal has been
+ * told about, to compare with the LSN.
  */
 typedef struct Snap
 {
 	double		lsn, wal_records, wal_syncs, wal_writes, commits, cpu_us, steps, backlog;
+	double		wal_stat_bytes;
 } Snap;
 
 /* An open-loop flow created and not yet seen closed. */
@@ -125,6 +129,7 @@ typedef struct Shard
 	char		where[256];		/* host:port/db */
 	char		fsync[8], sync_commit[16];
 	int			pm_pid;			/* postmaster pid if local, else 0 */
+	double		step_mark;		/* highest step_id seen at a window start */
 
 	pthread_mutex_t lock;		/* protects the fields up to `done` */
 	bool		recording;		/* inside the measured window */
@@ -143,7 +148,7 @@ typedef struct Metrics
 {
 	double		flows, steps, flows_s, steps_s, flow_steps_s, p50, p95, p99;
 	double		wal_bytes, wal_records, commits_s, syncs_s, writes_s, cpu_us;
-	double		backlog_end, backlog_slope, errors;
+	double		backlog_end, backlog_slope, errors, wal_coverage;
 } Metrics;
 
 typedef struct Report
@@ -827,7 +832,9 @@ collect_locked(Shard *sh, const Done *done, size_t ndone, Done *example)
 
 /*
  * Open loop: poll dwarf.flow for which of a shard's pending flows have
- * closed, POLL_BATCH ids per query, and collect them.
+ * closed, POLL_BATCH ids per query, and collect them.  Polls are paced
+ * (latency does not depend on them) so that their cost on the server stays
+ * small beside the flows'.
  */
 static void *
 poller_main(void *arg)
@@ -842,10 +849,11 @@ poller_main(void *arg)
 
 	while (!atomic_load(&stop_poll))
 	{
+		double		round = now_s();
 		size_t		n,
 					ndone = 0;
 		Done		example;
-		int			failed;
+		int			failed = 0;
 
 		if (!conn && !(conn = bench_connect(sh, poll_sql)))
 			continue;
@@ -879,18 +887,17 @@ poller_main(void *arg)
 			}
 			PQclear(res);
 		}
-		if (ndone == 0)
+		if (ndone > 0)
 		{
-			sleep_s(0.002);
-			continue;
+			qsort(done, ndone, sizeof(Done), done_cmp);
+			pthread_mutex_lock(&sh->lock);
+			failed = collect_locked(sh, done, ndone, &example);
+			pthread_mutex_unlock(&sh->lock);
 		}
-		qsort(done, ndone, sizeof(Done), done_cmp);
-		pthread_mutex_lock(&sh->lock);
-		failed = collect_locked(sh, done, ndone, &example);
-		pthread_mutex_unlock(&sh->lock);
 		if (failed)
 			add_errors(sh, failed, "%d flow(s) did not complete, e.g. flow %lld ended %s",
 					   failed, example.id, example.status);
+		sleep_s(round + fmax(POLL_PERIOD, (double) n / POLL_IDS_S) - now_s());
 	}
 	PQfinish(conn);
 	free(ids);
@@ -1007,9 +1014,11 @@ mon_query(Shard *sh, const char *sql, const char *param)
 }
 
 /*
- * Read a shard's counters: WAL position and records, WAL writes and syncs,
- * commits in this database, the server's CPU, and for dwarf the running
- * flows and the step watermark (without begin) or the steps past begin's.
+ * Read a shard's counters: WAL position, records and bytes reported, WAL
+ * writes and syncs, commits in this database, the server's CPU, and for
+ * dwarf the running flows and the step watermark (without begin) or the
+ * steps past begin's.  The CPU is read after our queries at a window's
+ * start and before them at its end, so that they are not counted.
  */
 static void
 snap_take(Shard *sh, Snap *s, const Snap *begin, bool dwarf)
@@ -1017,9 +1026,10 @@ snap_take(Shard *sh, Snap *s, const Snap *begin, bool dwarf)
 	PGresult   *res;
 	unsigned	hi,
 				lo;
+	char		mark[32];
 
-	*s = (Snap) {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
-	if (sh->pm_pid)
+	*s = (Snap) {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
+	if (sh->pm_pid && begin)
 		s->cpu_us = server_cpu_us(sh->pm_pid);
 	if ((res = mon_query(sh, stats_sql, NULL)) != NULL)
 	{
@@ -1029,26 +1039,29 @@ snap_take(Shard *sh, Snap *s, const Snap *begin, bool dwarf)
 		s->wal_syncs = atof(PQgetvalue(res, 0, 2));
 		s->wal_writes = atof(PQgetvalue(res, 0, 3));
 		s->commits = atof(PQgetvalue(res, 0, 4));
+		s->wal_stat_bytes = atof(PQgetvalue(res, 0, 5));
 		PQclear(res);
 	}
+	/* dwarf.step.step_id has a BRIN index: look past the last mark only */
+	snprintf(mark, sizeof mark, "%.0f", begin ? begin->steps : sh->step_mark);
 	if (!dwarf || (begin && isnan(begin->steps)))
-		return;
-	if (begin == NULL)
-		res = mon_query(sh, "SELECT coalesce(max(step_id), 0), " RUNNING_SQL " FROM dwarf.step", NULL);
+		res = NULL;
+	else if (begin == NULL)
+		res = mon_query(sh, "SELECT coalesce(max(step_id), $1::bigint), " RUNNING_SQL
+						" FROM dwarf.step WHERE step_id > $1::bigint", mark);
 	else
-	{
-		char		mark[32];
-
-		snprintf(mark, sizeof mark, "%.0f", begin->steps);
 		res = mon_query(sh, "SELECT count(*), " RUNNING_SQL " FROM dwarf.step "
 						"WHERE step_id > $1::bigint", mark);
-	}
 	if (res != NULL)
 	{
 		s->steps = atof(PQgetvalue(res, 0, 0));
 		s->backlog = atof(PQgetvalue(res, 0, 1));
 		PQclear(res);
+		if (begin == NULL)
+			sh->step_mark = s->steps;
 	}
+	if (sh->pm_pid && !begin)
+		s->cpu_us = server_cpu_us(sh->pm_pid);
 }
 
 /*
@@ -1081,6 +1094,7 @@ compute(Report *rep)
 				   *e = &sh->end;
 		Metrics    *m = &rep->shard[i];
 		double		wal = e->lsn - b->lsn,
+					stat_wal = e->wal_stat_bytes - b->wal_stat_bytes,
 					records = e->wal_records - b->wal_records,
 					cpu = e->cpu_us - b->cpu_us;
 
@@ -1102,6 +1116,7 @@ compute(Report *rep)
 		m->syncs_s = (e->wal_syncs - b->wal_syncs) / secs;
 		m->writes_s = (e->wal_writes - b->wal_writes) / secs;
 		m->cpu_us = cpu / server_steps[sh->server];
+		m->wal_coverage = stat_wal / wal;
 
 		t->flows += m->flows;
 		t->steps += m->steps;
@@ -1113,6 +1128,7 @@ compute(Report *rep)
 		if (sh->server != i)
 			continue;
 		t->wal_bytes += wal;
+		t->wal_coverage += stat_wal;
 		t->wal_records += records;
 		t->syncs_s += m->syncs_s;
 		t->writes_s += m->writes_s;
@@ -1127,6 +1143,7 @@ compute(Report *rep)
 	t->p50 = hist_ms(&all.lat, 0.50);
 	t->p95 = hist_ms(&all.lat, 0.95);
 	t->p99 = hist_ms(&all.lat, 0.99);
+	t->wal_coverage /= t->wal_bytes;
 	t->wal_bytes /= t->steps;
 	t->wal_records /= t->steps;
 	t->cpu_us = cpu_steps > 0 ? t->cpu_us / cpu_steps : NAN;
@@ -1322,6 +1339,10 @@ print_metrics(const char *indent, const Metrics *m, const Metrics *ref)
 	if (ref)
 		printf("%sreference %s tps: ratio %s steps per reference write\n",
 			   indent, num(ref->steps_s, 1), num(m->steps_s / ref->steps_s, 3));
+	if (m->wal_coverage < 0.8)
+		printf("%sWARNING: pg_stat_wal saw only %.0f%% of the WAL written: processes that do not "
+			   "report statistics (pgstat_report_stat) leave records, flushes and commits short\n",
+			   indent, 100 * m->wal_coverage);
 }
 
 /* Append a JSON number field (integral values without decimals) or null. */
@@ -1354,6 +1375,7 @@ json_metrics(Buf *b, const Metrics *m, const Metrics *ref)
 	json_num(b, "wal_flushes_s", m->syncs_s);
 	json_num(b, "wal_writes_s", m->writes_s);
 	json_num(b, "cpu_us_per_step", m->cpu_us);
+	json_num(b, "wal_stats_coverage", m->wal_coverage);
 	json_num(b, "backlog_end", m->backlog_end);
 	json_num(b, "backlog_slope", m->backlog_slope);
 	json_num(b, "errors", m->errors);

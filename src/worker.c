@@ -1275,6 +1275,7 @@ RunBatch(void)
 	pg_atomic_fetch_add_u64(&MySlot->steps, ran);
 	DwarfWakeWaiters(closed, nclosed);
 	DwarfWakeWaiters(parked, nparked);
+	pgstat_report_stat(false);	/* WAL and commit counters, at most once a second */
 	pg_atomic_fetch_add_u64(&MySlot->batches, 1);
 	list_free_deep(batch);
 }
@@ -1443,7 +1444,11 @@ DwarfWorkerMain(Datum arg)
 		if (!pairingheap_is_empty(Ready))
 			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
 
-		/* Nothing to run: sleep until a note, a signal or the next timer. */
+		/*
+		 * Nothing to run: flush our statistics, then sleep until a note, a
+		 * signal or the next timer.
+		 */
+		pgstat_report_stat(true);
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_EXIT_ON_PM_DEATH |
 						 (next_timer >= 0 ? WL_TIMEOUT : 0),
