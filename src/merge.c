@@ -264,6 +264,37 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 		return new;
 	if (old == NULL || old->type == jbvNull)
 	{
+		/* The first value: check that the reducer can take it. */
+		bool		fits;
+
+		switch (kind)
+		{
+			case RED_ADD:
+				fits = new->type == jbvNumeric;
+				break;
+			case RED_MIN:
+			case RED_MAX:
+				fits = new->type == jbvNumeric || new->type == jbvString;
+				break;
+			case RED_AND:
+			case RED_OR:
+				fits = new->type == jbvBool;
+				break;
+			case RED_MERGE:
+				fits = IsContainer(new, false);
+				break;
+			case RED_CONCAT:
+				fits = new->type == jbvString || IsContainer(new, true);
+				break;
+			default:
+				fits = true;
+				break;
+		}
+		if (!fits)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("reducer \"%s\" of field \"%s\" cannot take a %s",
+							reducer_label[kind], field, JsonTypeName(new))));
 		if (kind == RED_APPEND)
 			return ArrayOf(list_make1(new));
 		if (kind == RED_UNION)

@@ -991,7 +991,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 	int			token_id = token->id;
 	int			node = token->node;
 	int			attempt = token->attempt;
-	bool		advancing = false;
+	volatile bool advancing = false;	/* set in PG_TRY, read in PG_CATCH */
 	FlowRun    *broken = NULL;
 
 	if (attempt == 1)
