@@ -590,14 +590,14 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 static void
 LoadFlows(void)
 {
-	List	   *items = ToLoad;
-	List	   *closed = NIL;
+	List	   *items;
+	List	   *closed = NIL;	/* in outer: used after the commit */
 	ListCell   *lc;
 	Datum	   *ids;
 	int			n = 0;
 	bool		any_replay = false;
+	MemoryContext outer = CurrentMemoryContext;
 
-	ToLoad = NIL;
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -621,9 +621,11 @@ LoadFlows(void)
 			if (hash_search(Flows, &id, HASH_FIND, NULL) == NULL)
 				NoteLoad(id, true);
 		}
-		items = list_concat(items, ToLoad);
-		ToLoad = NIL;
 	}
+
+	/* Taken only now: the scan above adds to ToLoad (in WorkerContext). */
+	items = ToLoad;
+	ToLoad = NIL;
 
 	ids = palloc(sizeof(Datum) * Max(list_length(items), 1));
 	foreach(lc, items)
@@ -661,8 +663,12 @@ LoadFlows(void)
 				ApplyResume(flow, DatumGetJsonbP(d));
 			if (flow->status != FLOW_RUNNING)
 			{
+				MemoryContext old;
+
 				WriteClose(flow);
+				old = MemoryContextSwitchTo(outer);
 				closed = lappend(closed, flow);
+				MemoryContextSwitchTo(old);
 			}
 		}
 	}
@@ -1161,7 +1167,8 @@ RunBatch(void)
 	bool		isolated = IsolateNext;
 	List	   *volatile batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
 								 : dwarf_batch_size);
-	List	   *broken = NIL;	/* entries whose flow must be reloaded */
+	List	   *broken = NIL;	/* entries whose flow must be reloaded, in
+								 * BatchContext: used after the commit */
 	int			ran = 0;
 	int64	   *parked;			/* flows interrupted in this batch */
 	int			nparked = 0;
@@ -1198,7 +1205,10 @@ RunBatch(void)
 				token->running = false;
 			if (bad)
 			{
+				MemoryContext old = MemoryContextSwitchTo(BatchContext);
+
 				broken = lappend(broken, entry);
+				MemoryContextSwitchTo(old);
 				DropFlow(bad);
 				continue;
 			}
@@ -1229,7 +1239,7 @@ RunBatch(void)
 		if (isolated)
 			ereport(ERROR,
 					(errmsg("dwarf: a batch failed outside its tasks: %s", edata->message)));
-		ereport(DEBUG1,
+		ereport(LOG,
 				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
 						list_length(batch), edata->message)));
 		pg_atomic_fetch_add_u64(&MySlot->aborted_batches, 1);
