@@ -598,6 +598,7 @@ LoadFlows(void)
 	bool		any_replay = false;
 	MemoryContext outer = CurrentMemoryContext;
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -747,6 +748,7 @@ ProcessRunRequests(List *procnos)
 	List	   *volatile created = NIL;
 	ListCell   *lc;
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -1181,6 +1183,7 @@ RunBatch(void)
 		return;
 
 	parked = palloc(sizeof(int64) * list_length(batch));
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -1355,6 +1358,7 @@ ExitIfNotInstalled(void)
 	static Oid	installed_as = InvalidOid;
 	Oid			extension;
 
+	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	extension = get_extension_oid("dwarf", true);
 	CommitTransactionCommand();
