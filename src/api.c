@@ -491,9 +491,9 @@ dwarf_create(PG_FUNCTION_ARGS)
 
 static const char *const closed_statuses[] = {"interrupted", "completed", "failed", "cancelled"};
 
-/* Milliseconds in a non-negative interval argument. */
+/* Milliseconds in a non-negative interval argument named what. */
 static int64
-TimeoutMs(Interval *timeout)
+IntervalMs(Interval *timeout, const char *what)
 {
 	int64		us = timeout->time +
 		(int64) timeout->day * USECS_PER_DAY +
@@ -502,7 +502,7 @@ TimeoutMs(Interval *timeout)
 	if (us < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("timeout must not be negative")));
+				 errmsg("%s must not be negative", what)));
 	return us / 1000;
 }
 
@@ -637,7 +637,7 @@ dwarf_await(PG_FUNCTION_ARGS)
 
 	CheckNotNull(fcinfo, 0, "flow_id");
 	CheckNotNull(fcinfo, 1, "timeout");
-	AwaitFlow(PG_GETARG_INT64(0), TimeoutMs(PG_GETARG_INTERVAL_P(1)), values, nulls, false);
+	AwaitFlow(PG_GETARG_INT64(0), IntervalMs(PG_GETARG_INTERVAL_P(1), "timeout"), values, nulls, false);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }
 
@@ -677,7 +677,8 @@ WaitForOwner(int64 flow_id)
  * other callers' creates) and answers with the flow id.
  */
 static int64
-CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options)
+CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options,
+					TimestampTz deadline)
 {
 	DwarfRequest *req;
 	RunRequest *r;
@@ -743,8 +744,15 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 				ereport(ERROR,
 						(errcode(ERRCODE_CONNECTION_FAILURE),
 						 errmsg("the dwarf worker exited before creating the flow")));
+			if (GetCurrentTimestamp() >= deadline)
+				ereport(ERROR,
+						(errcode(ERRCODE_QUERY_CANCELED),
+						 errmsg("dwarf.run timed out before the engine created the flow"),
+						 errhint("The workers of this database may be overloaded or stuck; see dwarf.stats.")));
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 1000, PG_WAIT_EXTENSION);
+							 Min(1000, Max(1, TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+																		 deadline))),
+							 PG_WAIT_EXTENSION);
 			ResetLatch(MyLatch);
 			CHECK_FOR_INTERRUPTS();
 		}
@@ -780,17 +788,22 @@ dwarf_run(PG_FUNCTION_ARGS)
 	bool		nulls[6];
 	int64		timeout_ms;
 	int64		flow_id;
+	TimestampTz deadline;
 
 	CheckNotNull(fcinfo, 0, "graph");
 	CheckNotNull(fcinfo, 1, "input");
 	CheckNotNull(fcinfo, 2, "timeout");
 	CheckNotNull(fcinfo, 3, "priority");
-	timeout_ms = TimeoutMs(PG_GETARG_INTERVAL_P(2));
+	timeout_ms = IntervalMs(PG_GETARG_INTERVAL_P(2), "timeout");
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 								  PG_GETARG_INT32(3),
 								  PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4),
-								  OptionsFromArgs(fcinfo, 5));
-	AwaitFlow(flow_id, timeout_ms, values, nulls, true);
+								  OptionsFromArgs(fcinfo, 5),
+								  Max(deadline, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+																			10000)));
+	AwaitFlow(flow_id, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
+			  values, nulls, true);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }
 
@@ -1137,7 +1150,7 @@ dwarf_purge(PG_FUNCTION_ARGS)
 	int64		purged;
 	SavedUser	saved;
 
-	(void) TimeoutMs(PG_GETARG_INTERVAL_P(0));
+	(void) IntervalMs(PG_GETARG_INTERVAL_P(0), "older_than");
 	Connect();
 	saved = BecomeOwner();
 	Exec("WITH gone AS ("
