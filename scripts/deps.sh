@@ -18,6 +18,7 @@ PACKAGES=(
 	gcc
 	make
 	gnuplot-nox
+	jq
 )
 
 log() { printf 'deps: %s\n' "$*"; }

@@ -252,7 +252,7 @@ PreparePlans(void)
 	if (CloseFlowPlan != NULL)
 		return;
 	CloseFlowPlan = Prepare(
-		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = now()"
+		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = clock_timestamp()"
 		" WHERE id = $1 AND status = 'running'",
 		4, close_types);
 	LoadFlowsPlan = Prepare(
