@@ -158,6 +158,30 @@ Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
 		elog(ERROR, "dwarf: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
 }
 
+/*
+ * Like Exec, for the statements of the hot path (run, await): prepared on
+ * first use and kept for the backend's life in *plan.
+ */
+static void
+ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
+		 int expect)
+{
+	int			rc;
+
+	if (*plan == NULL)
+	{
+		SPIPlanPtr	p = SPI_prepare(sql, nargs, types);
+
+		if (p == NULL || SPI_keepplan(p) != 0)
+			elog(ERROR, "dwarf: could not prepare \"%s\": %s", sql,
+				 SPI_result_code_string(SPI_result));
+		*plan = p;
+	}
+	rc = SPI_execute_plan(*plan, args, NULL, false, 0);
+	if (rc != expect)
+		elog(ERROR, "dwarf: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
+}
+
 static void
 Connect(void)
 {
@@ -169,12 +193,13 @@ Connect(void)
 static int32
 LatestGraph(text *name)
 {
+	static SPIPlanPtr plan = NULL;
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1] = {PointerGetDatum(name)};
 	bool		isnull;
 
-	Exec("SELECT id FROM dwarf.graph WHERE name = $1 ORDER BY version DESC LIMIT 1",
-		 1, types, args, NULL, SPI_OK_SELECT);
+	ExecKept(&plan, "SELECT id FROM dwarf.graph WHERE name = $1 ORDER BY version DESC LIMIT 1",
+			 1, types, args, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -514,6 +539,7 @@ IntervalMs(Interval *timeout, const char *what)
 static bool
 ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 {
+	static SPIPlanPtr plan = NULL;
 	Oid			types[1] = {INT8OID};
 	Datum		args[1] = {Int64GetDatum(flow_id)};
 	HeapTuple	tup;
@@ -522,9 +548,9 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	int			i;
 	bool		closed = false;
 
-	Exec("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin"
-		 " FROM dwarf.flow WHERE id = $1",
-		 1, types, args, NULL, SPI_OK_SELECT);
+	ExecKept(&plan, "SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin"
+			 " FROM dwarf.flow WHERE id = $1",
+			 1, types, args, SPI_OK_SELECT);
 	if (SPI_processed == 0 && existed)
 	{
 		/* Deleted on completion: its outcome is gone with it. */
@@ -686,6 +712,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	Size		keylen = key ? VARSIZE_ANY_EXHDR(key) : 0;
 	Size		inputlen = VARSIZE(input);
 	Size		optionslen = VARSIZE(options);
+	Size		size;
 	int64		flow_id;
 	DwarfWorkerSlot *slot;
 	volatile int64 result = 0;
@@ -701,8 +728,39 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	flow_id = NewFlowId();
 	slot = WaitForOwner(flow_id);
 
-	seg = dsm_create(offsetof(RunRequest, data) + keylen + inputlen + optionslen, 0);
-	r = dsm_segment_address(seg);
+	/*
+	 * A small request travels in our request slot, a larger one in DSM.  A
+	 * request we gave up on may still be being read by a worker: wait for
+	 * its answer before reusing the slot.
+	 */
+	req = &Dwarf->requests[MyProc->pgprocno];
+	for (;;)
+	{
+		DwarfRequestState prev;
+
+		SpinLockAcquire(&req->mutex);
+		prev = req->state;
+		if (prev != REQ_TAKEN)
+			req->state = REQ_FREE;
+		SpinLockRelease(&req->mutex);
+		if (prev != REQ_TAKEN)
+			break;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 10, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+	size = offsetof(RunRequest, data) + keylen + inputlen + optionslen;
+	if (size <= DWARF_INLINE_REQUEST)
+	{
+		seg = NULL;
+		r = (RunRequest *) req->body;
+	}
+	else
+	{
+		seg = dsm_create(size, 0);
+		r = dsm_segment_address(seg);
+	}
 	r->flow_id = flow_id;
 	r->graph_id = graph_id;
 	r->owner = GetUserId();
@@ -715,10 +773,9 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	memcpy(r->data + keylen, input, inputlen);
 	memcpy(r->data + keylen + inputlen, options, optionslen);
 
-	req = &Dwarf->requests[MyProc->pgprocno];
 	SpinLockAcquire(&req->mutex);
 	req->state = REQ_SUBMITTED;
-	req->handle = dsm_segment_handle(seg);
+	req->handle = seg ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
 	req->flow_id = 0;
 	SpinLockRelease(&req->mutex);
 
@@ -738,7 +795,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 			result = req->flow_id;
 			strlcpy(errmsg_buf, req->errmsg, sizeof(errmsg_buf));
 			SpinLockRelease(&req->mutex);
-			if (state != REQ_SUBMITTED)
+			if (state != REQ_SUBMITTED && state != REQ_TAKEN)
 				break;
 			if (slot->pid == 0)
 				ereport(ERROR,
@@ -760,10 +817,14 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	PG_FINALLY();
 	{
 		SpinLockAcquire(&req->mutex);
-		req->state = REQ_FREE;
-		req->handle = DSM_HANDLE_INVALID;
+		if (req->state != REQ_TAKEN)
+		{
+			req->state = REQ_FREE;
+			req->handle = DSM_HANDLE_INVALID;
+		}
 		SpinLockRelease(&req->mutex);
-		dsm_detach(seg);
+		if (seg)
+			dsm_detach(seg);
 	}
 	PG_END_TRY();
 

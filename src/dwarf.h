@@ -79,19 +79,24 @@ typedef enum DwarfRequestState
 {
 	REQ_FREE = 0,
 	REQ_SUBMITTED,
+	REQ_TAKEN,					/* a worker is reading it */
 	REQ_DONE,
 	REQ_FAILED,
 	REQ_ABANDONED
 } DwarfRequestState;
+
+/* Requests up to this size travel in the slot; larger ones in DSM. */
+#define DWARF_INLINE_REQUEST	2048
 
 /* A dwarf.run caller's create request, one per backend (by pgprocno). */
 typedef struct DwarfRequest
 {
 	slock_t		mutex;
 	DwarfRequestState state;
-	dsm_handle	handle;			/* a RunRequest */
+	dsm_handle	handle;			/* a RunRequest in DSM, or DSM_HANDLE_INVALID */
 	int64		flow_id;		/* the flow to await (set when done) */
 	char		errmsg[256];
+	char		body[DWARF_INLINE_REQUEST] pg_attribute_aligned(MAXIMUM_ALIGNOF);	/* or here */
 } DwarfRequest;
 
 /* The body of a run request, in a DSM segment made by the caller. */

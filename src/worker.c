@@ -714,7 +714,7 @@ AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, const char *ms
 	DwarfRequest *req = &Dwarf->requests[procno];
 
 	SpinLockAcquire(&req->mutex);
-	if (req->state == REQ_SUBMITTED)
+	if (req->state == REQ_SUBMITTED || req->state == REQ_TAKEN)
 	{
 		req->state = state;
 		req->flow_id = flow_id;
@@ -763,10 +763,18 @@ ProcessRunRequests(List *procnos)
 			dsm_segment *seg;
 			Created    *c;
 
+			bool		submitted;
+
 			SpinLockAcquire(&req->mutex);
-			handle = req->state == REQ_SUBMITTED ? req->handle : DSM_HANDLE_INVALID;
+			submitted = req->state == REQ_SUBMITTED;
+			if (submitted)
+				req->state = REQ_TAKEN;
+			handle = req->handle;
 			SpinLockRelease(&req->mutex);
-			if (handle == DSM_HANDLE_INVALID || (seg = dsm_attach(handle)) == NULL)
+			if (!submitted)
+				continue;		/* the caller gave up */
+			seg = NULL;
+			if (handle != DSM_HANDLE_INVALID && (seg = dsm_attach(handle)) == NULL)
 				continue;		/* the caller gave up */
 
 			c = MemoryContextAllocZero(cxt, sizeof(Created));
@@ -774,11 +782,13 @@ ProcessRunRequests(List *procnos)
 			{
 				MemoryContext old = MemoryContextSwitchTo(cxt);
 
-				InsertRequestedFlow(dsm_segment_address(seg), c);
+				/* The caller leaves the body alone while it is submitted. */
+				InsertRequestedFlow(seg ? dsm_segment_address(seg) : (RunRequest *) req->body, c);
 				created = lappend(created, c);
 				MemoryContextSwitchTo(old);
 			}
-			dsm_detach(seg);
+			if (seg)
+				dsm_detach(seg);
 		}
 		PopActiveSnapshot();
 		SPI_finish();
