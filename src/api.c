@@ -870,6 +870,27 @@ dwarf_run(PG_FUNCTION_ARGS)
 
 /* ---------- cancel, purge ---------- */
 
+/*
+ * The status of a flow the caller may see (row-level security shows a role
+ * only the flows of roles it has the privileges of); an error when none.
+ * The caller is connected to SPI.
+ */
+static char *
+VisibleFlowStatus(int64 flow_id)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow_id)};
+
+	Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
+				 errhint("A role sees only its own flows.")));
+	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+}
+
+
 PG_FUNCTION_INFO_V1(dwarf_cancel);
 
 /* dwarf.cancel(flow, reason): stops a running or interrupted flow. */
@@ -892,13 +913,7 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 		args[1] = PG_GETARG_DATUM(1);
 
 	Connect();
-	/* Under row-level security: the caller sees only flows it may control. */
-	Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
-	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	status = VisibleFlowStatus(flow_id);
 
 	saved = BecomeOwner();
 	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
@@ -968,12 +983,7 @@ dwarf_resume(PG_FUNCTION_ARGS)
 		PG_GETARG_DATUM(1);
 
 	Connect();
-	Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
-	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	status = VisibleFlowStatus(flow_id);
 
 	if (strcmp(status, "interrupted") != 0)
 		ereport(ERROR,
@@ -1170,11 +1180,7 @@ dwarf_delete(PG_FUNCTION_ARGS)
 	uint64		i;
 
 	Connect();
-	Exec("SELECT 1 FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
+	(void) VisibleFlowStatus(flow_id);
 	saved = BecomeOwner();
 	Exec("WITH RECURSIVE tree AS ("
 		 "  SELECT $1::bigint AS id"
