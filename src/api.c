@@ -170,7 +170,7 @@ ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
 
 	if (*plan == NULL)
 	{
-		SPIPlanPtr	p = SPI_prepare(sql, nargs, types);
+		SPIPlanPtr	p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
 
 		if (p == NULL || SPI_keepplan(p) != 0)
 			elog(ERROR, "dwarf: could not prepare \"%s\": %s", sql,

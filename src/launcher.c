@@ -362,6 +362,9 @@ DwarfLauncherMain(Datum arg)
 
 		sleep_ms = TendWorkers();
 
+		/* A rescan asked for while we read pg_database must not wait. */
+		if (Dwarf->rescan)
+			continue;
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_EXIT_ON_PM_DEATH |
 						 (sleep_ms >= 0 ? WL_TIMEOUT : 0),

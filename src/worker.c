@@ -226,10 +226,14 @@ MoveDueTimers(void)
 
 /* ---------- plans and graphs ---------- */
 
+/*
+ * Prepares a statement for the worker's life.  Its plan is generic: a
+ * custom plan for every execution would plan again each time.
+ */
 static SPIPlanPtr
 Prepare(const char *sql, int nargs, Oid *argtypes)
 {
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 
 	if (plan == NULL)
 		elog(ERROR, "dwarf: SPI_prepare failed for \"%s\": %s",
@@ -1462,7 +1466,13 @@ DwarfWorkerMain(Datum arg)
 
 		next_timer = MoveDueTimers();
 		PublishPriority();
-		if (ToLoad != NIL ||
+
+		/*
+		 * Go round again if there is work, or a note came after we drained
+		 * the ring: a lock wait inside the transactions above may have
+		 * consumed the latch its sender set.
+		 */
+		if (ToLoad != NIL || MySlot->head != MySlot->tail || MySlot->overflow ||
 			(!pairingheap_is_empty(Ready) && BestReadyPriority() <= DatabaseBestPriority()))
 			continue;
 		if (!pairingheap_is_empty(Ready))
