@@ -993,8 +993,8 @@ dwarf_resume(PG_FUNCTION_ARGS)
 
 	/*
 	 * A child flow's interrupt surfaces at its parents: resuming any of them
-	 * resumes the deepest interrupted flow below, and the ones between go
-	 * back to running.
+	 * resumes the deepest interrupted flow below.  Its parents, which were
+	 * interrupted only through it, go back to running.
 	 */
 	saved = BecomeOwner();
 	Exec("WITH RECURSIVE tree AS ("
@@ -1007,14 +1007,13 @@ dwarf_resume(PG_FUNCTION_ARGS)
 	target = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	upargs[0] = args[0];
 	upargs[1] = Int64GetDatum(target);
-	if (target != flow_id)
-		Exec("WITH RECURSIVE up AS ("
+	Exec("WITH RECURSIVE up AS ("
 			 "  SELECT parent_id AS id FROM dwarf.flow WHERE id = $2::bigint"
 			 "  UNION ALL SELECT f.parent_id FROM dwarf.flow f JOIN up ON f.id = up.id"
 			 "   WHERE f.parent_id IS NOT NULL)"
 			 " UPDATE dwarf.flow SET status = 'running', interrupt_payload = NULL, state = NULL"
-			 " WHERE id IN (SELECT id FROM up) AND status = 'interrupted'",
-			 2, idtypes, upargs, NULL, SPI_OK_UPDATE);
+		 " WHERE id IN (SELECT id FROM up) AND status = 'interrupted'",
+		 2, idtypes, upargs, NULL, SPI_OK_UPDATE);
 	args[0] = Int64GetDatum(target);
 	Exec("UPDATE dwarf.flow SET status = 'running', interrupt_payload = NULL, state = NULL,"
 		 " resume_data = $2 WHERE id = $1 AND status = 'interrupted' RETURNING id",
@@ -1028,6 +1027,37 @@ dwarf_resume(PG_FUNCTION_ARGS)
 	flow_id = target;
 	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, false);
 	PG_RETURN_VOID();
+}
+
+/*
+ * A state with input merged in as a task's changes would be (the graph's
+ * reducers apply, and a key set to JSON null removes a field), for fork's
+ * overrides and continue's input.  The caller is connected to SPI.
+ */
+static Jsonb *
+MergeOverrides(Jsonb *state, Jsonb *input, int32 graph_id)
+{
+	Oid			types[1] = {INT4OID};
+	Datum		args[1] = {Int32GetDatum(graph_id)};
+	Reducer    *reducers = NULL;
+	int			nreducers = 0;
+	bool		isnull;
+	Datum		d;
+
+	Exec("SELECT definition -> 'reducers' FROM dwarf.graph WHERE id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+	{
+		Jsonb	   *r = DatumGetJsonbP(d);
+		JsonbValue	rv;
+
+		rv.type = jbvBinary;
+		rv.val.binary.data = &r->root;
+		rv.val.binary.len = VARSIZE(r) - VARHDRSZ;
+		reducers = ReducersParse(&rv, &nreducers);
+	}
+	return MergeChanges(state, input, reducers, nreducers);
 }
 
 PG_FUNCTION_INFO_V1(dwarf_fork);
@@ -1076,9 +1106,8 @@ dwarf_fork(PG_FUNCTION_ARGS)
 	desc = SPI_tuptable->tupdesc;
 	task = SPI_getvalue(tup, desc, 1);
 	thread = SPI_getvalue(tup, desc, 4);
-	state = DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull));
-	state = DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(state),
-											   PG_GETARG_DATUM(1)));
+	state = MergeOverrides(DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)),
+						   PG_GETARG_JSONB_P(1), DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)));
 	values[0].type = jbvString;
 	values[0].val.string.val = task;
 	values[0].val.string.len = strlen(task);
@@ -1148,7 +1177,8 @@ dwarf_continue(PG_FUNCTION_ARGS)
 				 errhint("Continue a flow once it has closed.")));
 	thread = SPI_getvalue(tup, desc, 2);
 	d = SPI_getbinval(tup, desc, 3, &isnull);
-	state = DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, d, PG_GETARG_DATUM(1)));
+	state = MergeOverrides(DatumGetJsonbP(d), PG_GETARG_JSONB_P(1),
+						   DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)));
 	value.type = jbvString;
 	value.val.string.val = thread;
 	value.val.string.len = strlen(thread);

@@ -287,7 +287,11 @@ PreparePlans(void)
 		"  SELECT parent_id AS id FROM dwarf.flow WHERE id = $1"
 		"  UNION ALL SELECT f.parent_id FROM dwarf.flow f JOIN up ON f.id = up.id"
 		"   WHERE f.parent_id IS NOT NULL)"
-		" UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2"
+		" UPDATE dwarf.flow f SET status = 'interrupted', interrupt_payload = $2,"
+		"  state = dwarf.fold_changes(f.input,"
+		"   ARRAY(SELECT s.changes FROM dwarf.step s WHERE s.flow_id = f.id"
+		"          AND s.status IN ('completed', 'retry') ORDER BY s.step_id),"
+		"   (SELECT g.definition -> 'reducers' FROM dwarf.graph g WHERE g.id = f.graph_id))"
 		" WHERE id IN (SELECT id FROM up) AND status = 'running'",
 		3, park_types);
 	DeleteFlowPlan = Prepare(
