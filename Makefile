@@ -7,10 +7,13 @@ OBJS = \
 	src/shmem.o \
 	src/launcher.o \
 	src/worker.o \
+	src/queue.o \
+	src/store.o \
 	src/graph.o \
 	src/flowrun.o \
 	src/merge.o \
 	src/api.o \
+	src/ops.o \
 	src/control.o
 
 EXTENSION = dwarf
@@ -42,4 +45,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h
+$(OBJS): src/dwarf.h src/worker.h src/api.h

@@ -17,73 +17,28 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run;
 use Time::HiRes qw(usleep time);
+use FindBin;
+use lib $FindBin::Bin;
+use DwarfTest;
 
 my $NFLOWS = 1000;    # flows created in one transaction
 my $NRUNS  = 400;     # dwarf.run calls from a background session, at most
-my @TRAIL  = qw(a1 a2 a3 b1 b2 b3 j c1 c2 c3);
-my $NTASKS = scalar @TRAIL;
-my $TRAIL_JSON = '[' . join(',', map { "\"$_\"" } @TRAIL) . ']';
 
 my $t0   = time;
-my $node = PostgreSQL::Test::Cluster->new('worker_crash');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'dwarf'
-dwarf.workers = 2
-max_worker_processes = 16
-restart_after_crash = on
-});
-$node->start;
+my $node = new_node('worker_crash');    # dwarf preloaded, 2 workers, restart_after_crash
 
 # ---------------------------------------------------------------- setup
 #
-# Ten tasks: a1 -> a2 -> a3 -> (b1 | b2 | b3) -> j (fan-in) -> c1 -> c2 -> c3.
-# Every task records itself in done (primary key: a second execution of the
-# same task of the same flow would fail the step) and returns a delta: one
-# to add to "count", its name to append to "trail".
-$node->safe_psql('postgres', q{
-CREATE EXTENSION dwarf;
-CREATE TABLE public.done (flow_id bigint, task text, at timestamptz DEFAULT clock_timestamp(),
-                          PRIMARY KEY (flow_id, task));
-CREATE SCHEMA app;
-CREATE FUNCTION app.work(s jsonb, task text) RETURNS jsonb LANGUAGE plpgsql AS $$
-BEGIN
-	PERFORM pg_catalog.pg_sleep(0.001);
-	INSERT INTO public.done (flow_id, task) VALUES (dwarf.flow_id(), task);
-	RETURN pg_catalog.jsonb_build_object('count', 1, 'trail', task);
-END $$;
-DO $$
-DECLARE t text;
-BEGIN
-	FOREACH t IN ARRAY ARRAY['a1','a2','a3','b1','b2','b3','j','c1','c2','c3'] LOOP
-		EXECUTE format('CREATE FUNCTION app.%I(s jsonb) RETURNS jsonb LANGUAGE sql '
-		               'AS $f$ SELECT app.work(s, %L) $f$', t, t);
-	END LOOP;
-END $$;
-SELECT dwarf.define('g', '{
-  "tasks": {"a1": "app.a1", "a2": "app.a2", "a3": "app.a3",
-            "b1": "app.b1", "b2": "app.b2", "b3": "app.b3", "j": "app.j",
-            "c1": "app.c1", "c2": "app.c2", "c3": "app.c3"},
-  "transitions": [
-    {"chain": ["a1", "a2", "a3"]},
-    {"from": "a3", "to": ["b1", "b2", "b3"]},
-    {"from": "b1", "to": "j"}, {"from": "b2", "to": "j"}, {"from": "b3", "to": "j"},
-    {"chain": ["j", "c1", "c2", "c3", "END"]}],
-  "fan_in": ["j"],
-  "reducers": {"count": "add", "trail": "append"}}');
-});
+# DwarfTest's graph "g" of $NTASKS tasks:
+# a1 -> a2 -> a3 -> (b1 | b2 | b3) -> j (fan-in) -> c1 -> c2 -> c3.
+# Every task records itself in public.done (primary key: a second execution
+# of the same task of the same flow would fail the step) and returns a
+# delta: one to add to "count", its name to append to "trail".
+create_graph($node, 'postgres');
 
 # The workers are up and the graph works before we load it.
-ok( $node->poll_query_until('postgres',
-		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'dwarf worker'", '2'),
-	'two dwarf workers run');
-is( $node->safe_psql('postgres',
-		"SET statement_timeout = '90 s';
-		 SELECT status || ' ' || (state->>'count') || ' ' || (state->'trail' = '$TRAIL_JSON'::jsonb)
-		   FROM dwarf.run('g', '{\"n\": 0, \"src\": \"warmup\"}', timeout => '60 s')"),
-	'completed 10 true',
-	'a warm-up flow completes with the expected state');
+wait_for_workers($node, 'two dwarf workers run');
+check_warm_up_flow($node, 'postgres');
 
 # ---------------------------------------------------------------- load
 
@@ -152,9 +107,7 @@ like($run_err, qr/server closed the connection|terminating connection|connection
 
 # ---------------------------------------------------------------- recovery
 
-ok( $node->poll_query_until('postgres',
-		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'dwarf worker'", '2'),
-	'two dwarf workers run again after the restart');
+wait_for_workers($node, 'two dwarf workers run again after the restart');
 ok( $node->safe_psql('postgres',
 		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'dwarf worker' AND pid = $victim") eq '0',
 	'the killed worker is not among them');
@@ -162,22 +115,14 @@ is( $node->safe_psql('postgres',
 		"SELECT count(*) >= $runs_completed FROM dwarf.flow WHERE input->>'src' = 'run'"),
 	't', 'the flows of the dwarf.run calls that returned are in dwarf.flow');
 
-ok( $node->poll_query_until('postgres',
-		"SELECT count(*) FROM dwarf.flow WHERE status = 'running'", '0'),
-	'every flow has closed after the restart')
-  or diag $node->safe_psql('postgres',
-	"SELECT running, completed, failed, steps_done, workers FROM dwarf.stats;
-	 SELECT pid, state, wait_event_type, wait_event, query, now() - query_start
-	   FROM pg_stat_activity WHERE backend_type = 'dwarf worker'");
+wait_flows_closed($node, 'postgres', 'every flow has closed after the restart');
 
-check_outcome($node, 'after the worker crash');
+# Every flow completed, each task's write and step row are there exactly
+# once, and every final state is {count: 10, trail: [a1..c3], n: input n}.
+check_flows_exactly_once($node, 'postgres', when => 'after the worker crash');
 
 # The engine still works after the crash.
-# statement_timeout bounds the wait even if dwarf.run ignored its own timeout.
-my ($rc, $out, $err) = $node->psql('postgres',
-	q{SET statement_timeout = '90 s';
-	  SELECT status || ' ' || (state->>'count') FROM dwarf.run('g', '{"n": -1}', timeout => '60 s')});
-is($out, 'completed 10', 'a new flow runs to completion after the restart') or diag $err;
+check_new_flow($node, 'postgres', 'a new flow runs to completion after the restart');
 
 # The only crash is the one we caused.
 $log = slurp_file($node->logfile);
@@ -185,76 +130,6 @@ my $crashes = () = $log =~ /terminated by signal|terminated by exception/g;
 is($crashes, 1, 'no backend crashed besides the worker we killed');
 unlike($log, qr/PANIC|TRAP:/, 'no PANIC or assertion failure in the server log');
 
-note sprintf('010_worker_crash took %.1f s', time - $t0);
-# A wedged worker may not answer SIGTERM: stop hard when something failed.
-$node->stop(Test::More->builder->is_passing ? 'fast' : 'immediate');
+# A wedged worker may not answer SIGTERM: stop_node stops hard when something failed.
+stop_node($node, $t0);
 done_testing();
-
-# ---------------------------------------------------------------- checks
-
-# Everything we can say about a finished load, for every flow in the table.
-sub check_outcome
-{
-	my ($node, $when) = @_;
-	my $total = $node->safe_psql('postgres', 'SELECT count(*) FROM dwarf.flow');
-	note "$total flows in dwarf.flow $when";
-
-	is( $node->safe_psql('postgres',
-			"SELECT string_agg(status || '=' || n, ' ' ORDER BY status)
-			   FROM (SELECT status, count(*) n FROM dwarf.flow GROUP BY status) s"),
-		"completed=$total", "all $total flows completed $when");
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM dwarf.flow WHERE error IS NOT NULL"),
-		'0', "no flow has an error $when")
-	  or diag $node->safe_psql('postgres',
-		"SELECT id, status, error FROM dwarf.flow WHERE error IS NOT NULL LIMIT 10");
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM dwarf.step WHERE status = 'failed' OR error IS NOT NULL"),
-		'0', "no step failed (no duplicate-key error from a re-run task) $when")
-	  or diag $node->safe_psql('postgres',
-		"SELECT flow_id, task, attempt, error->>'message' FROM dwarf.step
-		  WHERE status = 'failed' OR error IS NOT NULL LIMIT 10");
-
-	# Each task's SQL write happened once per flow.
-	is($node->safe_psql('postgres', 'SELECT count(*) FROM public.done'),
-		$NTASKS * $total, "done has $NTASKS rows per flow in total $when");
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM dwarf.flow f
-			  WHERE (SELECT count(*) FROM public.done d WHERE d.flow_id = f.id) <> $NTASKS"),
-		'0', "every flow has exactly $NTASKS done rows $when");
-	is( $node->safe_psql('postgres',
-			'SELECT count(*) FROM public.done d WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = d.flow_id)'),
-		'0', "no done row belongs to an unknown flow $when");
-
-	# The step log: one completed row per (flow, task), nothing else.
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM (SELECT flow_id, task FROM dwarf.step
-			                        GROUP BY flow_id, task HAVING count(*) <> 1) x"),
-		'0', "dwarf.step has exactly one row per (flow, task) $when")
-	  or diag $node->safe_psql('postgres',
-		"SELECT flow_id, task, count(*) FROM dwarf.step GROUP BY 1, 2 HAVING count(*) <> 1 LIMIT 10");
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM dwarf.step WHERE status = 'completed'"),
-		$NTASKS * $total, "dwarf.step has $NTASKS completed steps per flow $when");
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM dwarf.step s FULL JOIN public.done d
-			     ON d.flow_id = s.flow_id AND d.task = s.task
-			  WHERE s.flow_id IS NULL OR d.flow_id IS NULL"),
-		'0', "every step row has its task's write and every write its step row $when");
-
-	# The final state: the counter added up, the trail in graph order, the input kept.
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM dwarf.flow
-			  WHERE state IS NULL
-			     OR state->'count' IS DISTINCT FROM '10'::jsonb
-			     OR state->'trail' IS DISTINCT FROM '$TRAIL_JSON'::jsonb
-			     OR state->'n' IS DISTINCT FROM input->'n'"),
-		'0', "every flow's final state is {count: 10, trail: [a1..c3], n: input n} $when")
-	  or diag $node->safe_psql('postgres',
-		"SELECT id, input, state FROM dwarf.flow
-		  WHERE state IS NULL OR state->'count' IS DISTINCT FROM '10'::jsonb
-		     OR state->'trail' IS DISTINCT FROM '$TRAIL_JSON'::jsonb LIMIT 5");
-	is( $node->safe_psql('postgres',
-			"SELECT count(*) FROM dwarf.flow WHERE finished_at IS NULL"),
-		'0', "every flow has finished_at $when");
-}

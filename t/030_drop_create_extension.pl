@@ -13,65 +13,23 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
+use FindBin;
+use lib $FindBin::Bin;
+use DwarfTest;
 
-my $NTASKS = 10;
-my $t0     = time;
-my $node   = PostgreSQL::Test::Cluster->new('drop_create');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'dwarf'
-dwarf.workers = 2
-max_worker_processes = 16
-restart_after_crash = on
-});
-$node->start;
+my $t0   = time;
+my $node = new_node('drop_create');    # dwarf preloaded, 2 workers, restart_after_crash
 my $start_time = $node->safe_psql('postgres', 'SELECT pg_postmaster_start_time()');
 
 $node->safe_psql('postgres', 'CREATE DATABASE app');
 
-# The task functions and the table they write live outside the extension,
-# so they survive DROP EXTENSION.
-$node->safe_psql('app', q{
-CREATE TABLE public.done (flow_id bigint, task text, PRIMARY KEY (flow_id, task));
-CREATE SCHEMA app;
-CREATE FUNCTION app.work(s jsonb, task text) RETURNS jsonb LANGUAGE plpgsql AS $$
-BEGIN
-	PERFORM pg_catalog.pg_sleep(0.001);
-	INSERT INTO public.done (flow_id, task) VALUES (dwarf.flow_id(), task);
-	RETURN pg_catalog.jsonb_build_object('count', 1);
-END $$;
-DO $$
-DECLARE t text;
-BEGIN
-	FOREACH t IN ARRAY ARRAY['a1','a2','a3','b1','b2','b3','j','c1','c2','c3'] LOOP
-		EXECUTE format('CREATE FUNCTION app.%I(s jsonb) RETURNS jsonb LANGUAGE sql '
-		               'AS $f$ SELECT app.work(s, %L) $f$', t, t);
-	END LOOP;
-END $$;
-});
+# The task functions of DwarfTest's graph "g" and the table they write
+# (public.done) live outside the extension, so they survive DROP EXTENSION.
+# Here the tasks return only {"count": 1} (no "trail").
+create_tasks($node, 'app', trail => 0);
 
-# The extension with its graph (a DROP EXTENSION takes the graph with it).
-my $install = q{
-CREATE EXTENSION dwarf;
-SELECT dwarf.define('g', '{
-  "tasks": {"a1": "app.a1", "a2": "app.a2", "a3": "app.a3",
-            "b1": "app.b1", "b2": "app.b2", "b3": "app.b3", "j": "app.j",
-            "c1": "app.c1", "c2": "app.c2", "c3": "app.c3"},
-  "transitions": [
-    {"chain": ["a1", "a2", "a3"]},
-    {"from": "a3", "to": ["b1", "b2", "b3"]},
-    {"from": "b1", "to": "j"}, {"from": "b2", "to": "j"}, {"from": "b3", "to": "j"},
-    {"chain": ["j", "c1", "c2", "c3", "END"]}],
-  "fan_in": ["j"],
-  "reducers": {"count": "add"}}');
-};
-
-my $workers_in = sub {
-	my ($db) = @_;
-	return "SELECT count(*) FROM pg_stat_activity
-	         WHERE backend_type = 'dwarf worker' AND datname = '$db'";
-};
+# The extension with graph "g" (a DROP EXTENSION takes the graph with it).
+my $install = "CREATE EXTENSION dwarf;\n" . graph_sql(trail => 0);
 
 # Runs a few flows to completion and checks them.
 sub flows_run
@@ -99,8 +57,7 @@ sub flows_run
 # ---------------------------------------------------------------- first install
 
 $node->safe_psql('app', $install);
-ok($node->poll_query_until('app', $workers_in->('app'), '2'),
-	'CREATE EXTENSION starts two dwarf workers in its database');
+wait_for_workers($node, 'CREATE EXTENSION starts two dwarf workers in its database', db => 'app');
 is( $node->safe_psql('app',
 		"SET statement_timeout = '90 s';
 		 SELECT status || ' ' || (state->>'count') FROM dwarf.run('g', '{}', timeout => '60 s')"),
@@ -117,8 +74,8 @@ ok( $node->poll_query_until('postgres',
 # ---------------------------------------------------------------- drop while idle
 
 $node->safe_psql('app', 'DROP EXTENSION dwarf');
-ok($node->poll_query_until('app', $workers_in->('app'), '0'),
-	'DROP EXTENSION (idle) stops the dwarf workers of the database');
+wait_for_workers($node, 'DROP EXTENSION (idle) stops the dwarf workers of the database',
+	db => 'app', count => 0);
 # The flows went with the extension, and a new dwarf.flow_seq numbers flows
 # from the start again: forget the old flows' writes.
 $node->safe_psql('app', 'TRUNCATE public.done');
@@ -126,8 +83,7 @@ is($node->safe_psql('app', "SELECT count(*) FROM pg_stat_activity WHERE backend_
 	'1', 'the launcher keeps running');
 
 $node->safe_psql('app', $install);
-ok($node->poll_query_until('app', $workers_in->('app'), '2'),
-	'CREATE EXTENSION starts the workers again');
+wait_for_workers($node, 'CREATE EXTENSION starts the workers again', db => 'app');
 flows_run('after re-create', 50);
 
 # ---------------------------------------------------------------- drop while busy
@@ -142,23 +98,19 @@ cmp_ok($running, '>', 0, "flows are running when the extension is dropped ($runn
 my ($rc, $out, $err) = $node->psql('app',
 	"SET lock_timeout = '60 s'; DROP EXTENSION dwarf");
 is($rc, 0, 'DROP EXTENSION succeeds while the workers are busy') or diag $err;
-ok($node->poll_query_until('app', $workers_in->('app'), '0'),
-	'DROP EXTENSION (busy) stops the dwarf workers of the database');
+wait_for_workers($node, 'DROP EXTENSION (busy) stops the dwarf workers of the database',
+	db => 'app', count => 0);
 $node->safe_psql('app', 'TRUNCATE public.done');
 
 $node->safe_psql('app', $install);
-ok($node->poll_query_until('app', $workers_in->('app'), '2'),
-	'CREATE EXTENSION starts the workers again after a busy drop');
+wait_for_workers($node, 'CREATE EXTENSION starts the workers again after a busy drop', db => 'app');
 flows_run('after busy drop and re-create', 100);
 
 # ---------------------------------------------------------------- no crash
 
-my $log = slurp_file($node->logfile);
-unlike($log, qr/terminated by signal|terminated by exception|all server processes terminated|PANIC|TRAP:/,
-	'no backend crashed during drop and re-create');
+check_no_crash($node, 'no backend crashed during drop and re-create');
 is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time()'), $start_time,
 	'the server was not restarted');
 
-note sprintf('030_drop_create_extension took %.1f s', time - $t0);
-$node->stop(Test::More->builder->is_passing ? 'fast' : 'immediate');
+stop_node($node, $t0);
 done_testing();

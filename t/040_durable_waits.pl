@@ -18,21 +18,15 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
+use FindBin;
+use lib $FindBin::Bin;
+use DwarfTest;
 
 my $N     = 5;       # flows of each waiting kind
 my $NIDLE = 2000;    # flows sleeping at once for the CPU check
 
 my $t0   = time;
-my $node = PostgreSQL::Test::Cluster->new('durable_waits');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'dwarf'
-dwarf.workers = 2
-max_worker_processes = 16
-restart_after_crash = on
-});
-$node->start;
+my $node = new_node('durable_waits');    # dwarf preloaded, 2 workers, restart_after_crash
 
 # ---------------------------------------------------------------- setup
 #
@@ -118,9 +112,7 @@ SELECT dwarf.define('w_parent', '{"tasks": {"Call": "app.call", "After": "app.af
   "transitions": [{"from": "Call", "to": "After"}]}');
 });
 
-ok( $node->poll_query_until('postgres',
-		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'dwarf worker'", '2'),
-	'two dwarf workers run');
+wait_for_workers($node, 'two dwarf workers run');
 
 # ---------------------------------------------------------------- the waits
 
@@ -155,14 +147,8 @@ $node->stop('immediate');
 
 # ---------------------------------------------------------------- restart
 
-my $log_offset = -s $node->logfile;
-$node->start;
-like( slurp_file($node->logfile, $log_offset),
-	qr/database system was (interrupted|not properly shut down)/,
-	'the server recovered from an immediate stop');
-ok( $node->poll_query_until('postgres',
-		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'dwarf worker'", '2'),
-	'two dwarf workers run after the restart');
+start_after_immediate_stop($node, 'the server recovered from an immediate stop');
+wait_for_workers($node, 'two dwarf workers run after the restart');
 
 ok( $node->poll_query_until('postgres', q{
 		SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
@@ -319,10 +305,7 @@ is( $node->safe_psql('postgres', q{
 		  JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'w_idle'}),
 	2 * $NIDLE, 'each of their tasks wrote once');
 
-unlike(slurp_file($node->logfile),
-	qr/terminated by signal|terminated by exception|PANIC|TRAP:|all server processes terminated/,
-	'no backend crashed');
+check_no_crash($node, 'no backend crashed');
 
-note sprintf('040_durable_waits took %.1f s', time - $t0);
-$node->stop(Test::More->builder->is_passing ? 'fast' : 'immediate');
+stop_node($node, $t0);
 done_testing();

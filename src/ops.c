@@ -1,0 +1,465 @@
+/*
+ * ops.c
+ *		SQL-callable operations on existing flows: cancel, resume, fork,
+ *		continue, delete, purge, and the worker counters.
+ *
+ * Each finds the flow under row-level security (a role sees only the
+ * flows of roles whose privileges it has), then writes as the extension
+ * owner and tells the owning worker at commit.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_authid.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/proc.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgrprotos.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/numeric.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+#include "api.h"
+
+/*
+ * The status of a flow the caller may see (row-level security shows a role
+ * only the flows of roles it has the privileges of); an error when none.
+ * The caller is connected to SPI.
+ */
+static char *
+VisibleFlowStatus(int64 flow_id)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow_id)};
+
+	Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
+				 errhint("A role sees only its own flows.")));
+	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+}
+
+
+PG_FUNCTION_INFO_V1(dwarf_cancel);
+
+/* dwarf.cancel(flow, reason): stops a running or interrupted flow. */
+Datum
+dwarf_cancel(PG_FUNCTION_ARGS)
+{
+	int64		flow_id;
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+	char	   *status;
+	SavedUser	saved;
+
+	CheckNotNull(fcinfo, 0, "flow_id");
+	flow_id = PG_GETARG_INT64(0);
+	args[0] = Int64GetDatum(flow_id);
+	if (PG_ARGISNULL(1))
+		nulls[1] = 'n';
+	else
+		args[1] = PG_GETARG_DATUM(1);
+
+	Connect();
+	status = VisibleFlowStatus(flow_id);
+
+	saved = BecomeOwner();
+	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING status",
+		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
+	if (SPI_processed == 1)
+	{
+		uint64		i;
+
+		/* Child flows started by dwarf.subgraph go with their parent. */
+		Exec("WITH RECURSIVE tree AS ("
+			 "  SELECT id FROM dwarf.flow WHERE parent_id = $1"
+			 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id)"
+			 " UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(),"
+			 "  cancel_reason = 'parent flow ' || $1 || ' cancelled'"
+			 " WHERE id IN (SELECT id FROM tree) AND status IN ('running', 'interrupted')"
+			 " RETURNING id",
+			 1, types, args, NULL, SPI_OK_UPDATE_RETURNING);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+
+			NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull)),
+						 NOTE_RELOAD_FLOW, true);
+		}
+	}
+	else
+	{
+		RestoreUser(saved);
+		Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+		if (SPI_processed > 0)
+			status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " cannot be cancelled: it is %s", flow_id, status)));
+	}
+	RestoreUser(saved);
+	SPI_finish();
+	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, true);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(dwarf_resume);
+
+/*
+ * dwarf.resume(flow, data): an interrupted flow runs on; its interrupted
+ * task runs again and its dwarf.interrupt call returns data.
+ */
+Datum
+dwarf_resume(PG_FUNCTION_ARGS)
+{
+	int64		flow_id;
+	Oid			types[2] = {INT8OID, JSONBOID};
+	Oid			idtypes[2] = {INT8OID, INT8OID};
+	Datum		args[2];
+	Datum		upargs[2];
+	char	   *status;
+	SavedUser	saved;
+	int64		target;
+	bool		isnull;
+
+	CheckNotNull(fcinfo, 0, "flow_id");
+	flow_id = PG_GETARG_INT64(0);
+	args[0] = Int64GetDatum(flow_id);
+	args[1] = PG_ARGISNULL(1) ? DirectFunctionCall1(jsonb_in, CStringGetDatum("null")) :
+		PG_GETARG_DATUM(1);
+
+	Connect();
+	status = VisibleFlowStatus(flow_id);
+
+	if (strcmp(status, "interrupted") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " cannot be resumed: it is %s, not interrupted",
+						flow_id, status)));
+
+	/*
+	 * A child flow's interrupt surfaces at its parents: resuming any of them
+	 * resumes the deepest interrupted flow below.  Its parents, which were
+	 * interrupted only through it, go back to running.
+	 */
+	saved = BecomeOwner();
+	Exec("WITH RECURSIVE tree AS ("
+		 "  SELECT id, 0 AS depth FROM dwarf.flow WHERE id = $1"
+		 "  UNION ALL SELECT f.id, t.depth + 1 FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id"
+		 "   WHERE f.status IN ('running', 'interrupted'))"
+		 " SELECT tree.id FROM tree JOIN dwarf.flow f USING (id)"
+		 " WHERE f.status = 'interrupted' ORDER BY depth DESC LIMIT 1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	target = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	upargs[0] = args[0];
+	upargs[1] = Int64GetDatum(target);
+	Exec("WITH RECURSIVE up AS ("
+			 "  SELECT parent_id AS id FROM dwarf.flow WHERE id = $2::bigint"
+			 "  UNION ALL SELECT f.parent_id FROM dwarf.flow f JOIN up ON f.id = up.id"
+			 "   WHERE f.parent_id IS NOT NULL)"
+			 " UPDATE dwarf.flow SET status = 'running', interrupt_payload = NULL, state = NULL"
+		 " WHERE id IN (SELECT id FROM up) AND status = 'interrupted'",
+		 2, idtypes, upargs, NULL, SPI_OK_UPDATE);
+	args[0] = Int64GetDatum(target);
+	Exec("UPDATE dwarf.flow SET status = 'running', interrupt_payload = NULL, state = NULL,"
+		 " resume_data = $2 WHERE id = $1 AND status = 'interrupted' RETURNING id",
+		 2, types, args, NULL, SPI_OK_UPDATE_RETURNING);
+	RestoreUser(saved);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " was resumed or cancelled meanwhile", target)));
+	SPI_finish();
+	flow_id = target;
+	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, false);
+	PG_RETURN_VOID();
+}
+
+/*
+ * A state with input merged in as a task's changes would be (the graph's
+ * reducers apply, and a key set to JSON null removes a field), for fork's
+ * overrides and continue's input.  The caller is connected to SPI.
+ */
+static Jsonb *
+MergeOverrides(Jsonb *state, Jsonb *input, int32 graph_id)
+{
+	Oid			types[1] = {INT4OID};
+	Datum		args[1] = {Int32GetDatum(graph_id)};
+	Reducer    *reducers = NULL;
+	int			nreducers = 0;
+	bool		isnull;
+	Datum		d;
+
+	Exec("SELECT definition -> 'reducers' FROM dwarf.graph WHERE id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+	{
+		Jsonb	   *r = DatumGetJsonbP(d);
+		JsonbValue	rv;
+
+		rv.type = jbvBinary;
+		rv.val.binary.data = &r->root;
+		rv.val.binary.len = VARSIZE(r) - VARHDRSZ;
+		reducers = ReducersParse(&rv, &nreducers);
+	}
+	return MergeChanges(state, input, reducers, nreducers);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_fork);
+
+/*
+ * dwarf.fork(step_id, overrides): a new flow of the same graph version that
+ * starts at the step's task, from the state the step saw (the flow's input
+ * with every earlier step's changes folded in), with overrides on top.
+ */
+Datum
+dwarf_fork(PG_FUNCTION_ARGS)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		args[1];
+	const char *keys[2] = {"start_task", "thread"};
+	JsonbValue	values[2];
+	int			nkeys = 1;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	int64		id;
+	bool		is_new;
+	char	   *task;
+	char	   *thread;
+	Jsonb	   *state;
+
+	CheckNotNull(fcinfo, 0, "step_id");
+	CheckNotNull(fcinfo, 1, "overrides");
+	CheckInput(PG_GETARG_JSONB_P(1));
+	args[0] = PG_GETARG_DATUM(0);
+	Connect();
+	Exec("SELECT s.task, f.graph_id, f.priority, f.thread,"
+		 "  dwarf.fold_changes(f.input,"
+		 "    (SELECT array_agg(p.changes ORDER BY p.step_id) FROM dwarf.step p"
+		 "      WHERE p.flow_id = s.flow_id AND p.step_id < s.step_id"
+		 "        AND p.status IN ('completed', 'retry')),"
+		 "    g.definition -> 'reducers')"
+		 " FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id"
+		 " JOIN dwarf.graph g ON g.id = f.graph_id WHERE s.step_id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("step " INT64_FORMAT " does not exist", DatumGetInt64(args[0]))));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	task = SPI_getvalue(tup, desc, 1);
+	thread = SPI_getvalue(tup, desc, 4);
+	state = MergeOverrides(DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)),
+						   PG_GETARG_JSONB_P(1), DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)));
+	values[0].type = jbvString;
+	values[0].val.string.val = task;
+	values[0].val.string.len = strlen(task);
+	if (thread)
+	{
+		values[1].type = jbvString;
+		values[1].val.string.val = thread;
+		values[1].val.string.len = strlen(thread);
+		nkeys++;
+	}
+	id = InsertFlow(NewFlowId(), DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)),
+					GetUserId(), DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull)),
+					NULL, state, JsonbWithKeys(JsonbEmptyObject(), nkeys, keys, values),
+					&is_new);
+	NoteOnCommit(id, NOTE_NEW_FLOW, false);
+	SPI_finish();
+	PG_RETURN_INT64(id);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_continue);
+
+/*
+ * dwarf.continue(flow, input): the next flow of a conversation-like thread:
+ * the graph's latest version, starting from the closed flow's final state
+ * with input merged in.  A flow without a thread starts one named by its id.
+ */
+Datum
+dwarf_continue(PG_FUNCTION_ARGS)
+{
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2];
+	const char *key = "thread";
+	JsonbValue	value;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	char	   *status;
+	char	   *thread;
+	Jsonb	   *state;
+	int64		flow_id;
+	int64		id;
+	bool		is_new;
+	Datum		d;
+	SavedUser	saved;
+
+	CheckNotNull(fcinfo, 0, "flow_id");
+	CheckNotNull(fcinfo, 1, "input");
+	CheckInput(PG_GETARG_JSONB_P(1));
+	flow_id = PG_GETARG_INT64(0);
+	args[0] = Int64GetDatum(flow_id);
+	Connect();
+	Exec("SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input),"
+		 " (SELECT max(l.id) FROM dwarf.graph l WHERE l.name = g.name), f.priority"
+		 " FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	status = SPI_getvalue(tup, desc, 1);
+	if (strcmp(status, "running") == 0 || strcmp(status, "interrupted") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " cannot be continued: it is %s", flow_id, status),
+				 errhint("Continue a flow once it has closed.")));
+	thread = SPI_getvalue(tup, desc, 2);
+	d = SPI_getbinval(tup, desc, 3, &isnull);
+	state = MergeOverrides(DatumGetJsonbP(d), PG_GETARG_JSONB_P(1),
+						   DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)));
+	value.type = jbvString;
+	value.val.string.val = thread;
+	value.val.string.len = strlen(thread);
+	id = InsertFlow(NewFlowId(), DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)),
+					GetUserId(), DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull)),
+					NULL, state, JsonbWithKeys(JsonbEmptyObject(), 1, &key, &value),
+					&is_new);
+
+	saved = BecomeOwner();
+	args[1] = CStringGetTextDatum(thread);
+	Exec("UPDATE dwarf.flow SET thread = $2 WHERE id = $1 AND thread IS NULL",
+		 2, types, args, NULL, SPI_OK_UPDATE);
+	RestoreUser(saved);
+	NoteOnCommit(id, NOTE_NEW_FLOW, false);
+	SPI_finish();
+	PG_RETURN_INT64(id);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_delete);
+
+/* dwarf.delete(flow): the flow, its steps and its child flows, gone. */
+Datum
+dwarf_delete(PG_FUNCTION_ARGS)
+{
+	int64		flow_id = PG_GETARG_INT64(0);
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow_id)};
+	SavedUser	saved;
+	uint64		i;
+
+	Connect();
+	(void) VisibleFlowStatus(flow_id);
+	saved = BecomeOwner();
+	Exec("WITH RECURSIVE tree AS ("
+		 "  SELECT $1::bigint AS id"
+		 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id),"
+		 " steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))"
+		 " DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id",
+		 1, types, args, NULL, SPI_OK_DELETE_RETURNING);
+	RestoreUser(saved);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+												 SPI_tuptable->tupdesc, 1, &isnull)),
+					 NOTE_RELOAD_FLOW, true);
+	}
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(dwarf_purge);
+
+/*
+ * dwarf.purge(older_than): deletes the closed flows (and their steps) of
+ * the roles the caller has the privileges of, finished before now() minus
+ * older_than.  Returns how many flows went.
+ */
+Datum
+dwarf_purge(PG_FUNCTION_ARGS)
+{
+	Oid			types[2] = {INTERVALOID, OIDOID};
+	Datum		args[2] = {PG_GETARG_DATUM(0), ObjectIdGetDatum(GetUserId())};
+	bool		isnull;
+	int64		purged;
+	SavedUser	saved;
+
+	(void) IntervalMs(PG_GETARG_INTERVAL_P(0), "older_than");
+	Connect();
+	saved = BecomeOwner();
+	Exec("WITH gone AS ("
+		 "  DELETE FROM dwarf.flow"
+		 "   WHERE status IN ('completed', 'failed', 'cancelled')"
+		 "     AND finished_at < now() - $1"
+		 "     AND pg_has_role($2, owner, 'USAGE')"
+		 "  RETURNING id),"
+		 " steps AS (DELETE FROM dwarf.step s USING gone WHERE s.flow_id = gone.id)"
+		 " SELECT count(*) FROM gone",
+		 2, types, args, NULL, SPI_OK_SELECT);
+	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	RestoreUser(saved);
+	SPI_finish();
+	PG_RETURN_INT64(purged);
+}
+
+PG_FUNCTION_INFO_V1(dwarf_worker_stats);
+
+/* dwarf.worker_stats(): one row per worker of this database. */
+Datum
+dwarf_worker_stats(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (Dwarf == NULL)
+		return (Datum) 0;
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+		Datum		values[10];
+		bool		nulls[10] = {0};
+
+		if (slot->dboid != MyDatabaseId || slot->pid == 0)
+			continue;
+		values[0] = ObjectIdGetDatum(slot->dboid);
+		values[1] = Int32GetDatum(slot->index);
+		values[2] = Int32GetDatum(slot->pid);
+		values[3] = Int64GetDatum(pg_atomic_read_u64(&slot->flows_loaded));
+		values[4] = Int64GetDatum(pg_atomic_read_u64(&slot->ready));
+		values[5] = Int64GetDatum(pg_atomic_read_u64(&slot->steps));
+		values[6] = Int64GetDatum(pg_atomic_read_u64(&slot->steps_failed));
+		values[7] = Int64GetDatum(pg_atomic_read_u64(&slot->flows_closed));
+		values[8] = Int64GetDatum(pg_atomic_read_u64(&slot->batches));
+		values[9] = Int64GetDatum(pg_atomic_read_u64(&slot->aborted_batches));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}

@@ -1,0 +1,252 @@
+/*
+ * queue.c
+ *		A worker's ready queue and timers: which runnable step runs next.
+ *
+ * Ready steps run lower priority first, across all the workers of a
+ * database (each publishes its best ready priority in shared memory).
+ * Within a priority, steps are served by virtual time per fairness key, so
+ * keys share the worker in proportion to their weights; then first come,
+ * first served.  Steps due later (sleep, retry backoff) wait on a timer
+ * heap, earliest first, and cost nothing until they come due.
+ */
+#include "postgres.h"
+
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+#include "worker.h"
+
+/* A fairness key's virtual clock: how far its flows have been served. */
+typedef struct FairKey
+{
+	char		key[NAMEDATALEN];	/* hash key; "" for flows without one */
+	double		pass;
+} FairKey;
+
+int64		ReadyCount = 0;		/* entries on the ready queue */
+
+static pairingheap *Ready = NULL;
+static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
+static HTAB *FairKeys = NULL;
+static double VirtualTime = 0;	/* vtime of the last entry run */
+static uint64 ReadySeq = 0;
+
+static int
+ReadyCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
+{
+	const ReadyEntry *x = pairingheap_const_container(ReadyEntry, ph, a);
+	const ReadyEntry *y = pairingheap_const_container(ReadyEntry, ph, b);
+
+	if (x->priority != y->priority)
+		return x->priority < y->priority ? 1 : -1;
+	if (x->vtime != y->vtime)
+		return x->vtime < y->vtime ? 1 : -1;
+	return x->seq < y->seq ? 1 : (x->seq > y->seq ? -1 : 0);
+}
+
+/* Puts an entry on the ready queue, charging its fairness key. */
+static void
+MakeReady(ReadyEntry *entry)
+{
+	entry->fair->pass = Max(entry->fair->pass, VirtualTime) + 1.0 / entry->weight;
+	entry->vtime = entry->fair->pass;
+	pairingheap_add(Ready, &entry->ph);
+	ReadyCount++;
+}
+
+static FairKey *
+GetFairKey(const char *key)
+{
+	char		name[NAMEDATALEN] = {0};
+	FairKey    *fair;
+	bool		found;
+
+	if (key)
+		strlcpy(name, key, NAMEDATALEN);
+	fair = hash_search(FairKeys, name, HASH_ENTER, &found);
+	if (!found)
+		fair->pass = VirtualTime;
+	return fair;
+}
+
+static int
+TimerCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
+{
+	const ReadyEntry *x = pairingheap_const_container(ReadyEntry, ph, a);
+	const ReadyEntry *y = pairingheap_const_container(ReadyEntry, ph, b);
+
+	return x->due < y->due ? 1 : (x->due > y->due ? -1 : 0);
+}
+
+/*
+ * Queues every token of a running flow that can run and is not queued yet:
+ * on the ready queue, or on the timer heap when it is due later.
+ */
+void
+EnqueueRunnable(FlowRun *flow)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	ListCell   *lc;
+
+	if (flow->status != FLOW_RUNNING)
+		return;
+	foreach(lc, flow->tokens)
+	{
+		Token	   *token = lfirst(lc);
+		ReadyEntry *entry;
+
+		if (token->queued || token->running || token->parked)
+			continue;
+		entry = MemoryContextAlloc(WorkerContext, sizeof(ReadyEntry));
+		entry->flow_id = flow->id;
+		entry->token_id = token->id;
+		entry->priority = flow->priority;
+		entry->seq = ReadySeq++;
+		entry->due = token->due;
+		entry->fair = GetFairKey(flow->fairness_key);
+		entry->weight = Max(flow->fairness_weight, 1);
+		token->queued = true;
+		if (token->due > now)
+			pairingheap_add(Timers, &entry->ph);
+		else
+			MakeReady(entry);
+	}
+}
+
+/*
+ * Moves the timers that came due to the ready queue.  Returns how many
+ * milliseconds until the next one, or -1 when none is waiting.
+ */
+long
+MoveDueTimers(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	while (!pairingheap_is_empty(Timers))
+	{
+		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
+												  pairingheap_first(Timers));
+
+		if (entry->due > now)
+			return TimestampDifferenceMilliseconds(now, entry->due) + 1;
+		(void) pairingheap_remove_first(Timers);
+		MakeReady(entry);
+	}
+	return -1;
+}
+
+/* The priority of the best ready step, or PG_INT32_MAX when none is ready. */
+int32
+BestReadyPriority(void)
+{
+	if (pairingheap_is_empty(Ready))
+		return PG_INT32_MAX;
+	return pairingheap_container(ReadyEntry, ph, pairingheap_first(Ready))->priority;
+}
+
+/*
+ * Publishes the priority of our best ready step for the other workers of
+ * this database.  When it got worse, they may have been holding back
+ * their own work for ours: wake them.
+ */
+void
+PublishPriority(void)
+{
+	int32		best = BestReadyPriority();
+	int32		old = MySlot->best_priority;
+	int			i;
+
+	MySlot->best_priority = best;
+	if (best <= old)
+		return;
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch)
+			SetLatch(slot->latch);
+	}
+}
+
+/*
+ * The best priority of ready work anywhere in this database.  Priorities
+ * are strict across workers: none starts a step while another worker has
+ * ready work of a better (lower) priority.
+ */
+int32
+DatabaseBestPriority(void)
+{
+	int32		best = BestReadyPriority();
+	int			i;
+
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
+			slot->best_priority < best)
+			best = slot->best_priority;
+	}
+	return best;
+}
+
+/* Pops up to max runnable tokens, skipping entries whose flow moved on. */
+List *
+PopBatch(int max)
+{
+	List	   *batch = NIL;
+	int32		limit = DatabaseBestPriority();
+
+	while (list_length(batch) < max && !pairingheap_is_empty(Ready) &&
+		   BestReadyPriority() <= limit)
+	{
+		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
+												  pairingheap_remove_first(Ready));
+		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+
+		ReadyCount--;
+		VirtualTime = entry->vtime;
+		if (token && token->queued && flow->status == FLOW_RUNNING)
+		{
+			token->queued = false;
+			token->running = true;
+			batch = lappend(batch, entry);
+		}
+		else
+			pfree(entry);
+	}
+	return batch;
+}
+
+/* Sets up the queue, in WorkerContext; once, when the worker starts. */
+void
+QueueInit(void)
+{
+	HASHCTL		ctl;
+
+	ctl.keysize = NAMEDATALEN;
+	ctl.entrysize = sizeof(FairKey);
+	ctl.hcxt = WorkerContext;
+	FairKeys = hash_create("dwarf fairness keys", 64, &ctl,
+						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	Ready = pairingheap_allocate(ReadyCompare, NULL);
+	Timers = pairingheap_allocate(TimerCompare, NULL);
+}
+
+/* Is a step ready that this worker may start now (priority allowing)? */
+bool
+QueueHasRunnable(void)
+{
+	return !pairingheap_is_empty(Ready) && BestReadyPriority() <= DatabaseBestPriority();
+}
+
+/* Is any step ready, even one held back for another worker's better priority? */
+bool
+QueueHasReady(void)
+{
+	return !pairingheap_is_empty(Ready);
+}
+

@@ -1,0 +1,628 @@
+/*
+ * store.c
+ *		What a worker reads and writes: loading flows and replaying their
+ *		steps, appending step rows, and writing a flow's row when it closes
+ *		or parks.
+ *
+ * The tables are the truth.  A worker loads a flow from its row and, after
+ * a restart or a rolled-back batch, replays its recorded steps over its
+ * input to rebuild it in memory exactly as it was.
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/indexing.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "pgstat.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+
+#include "dwarf.h"
+#include "worker.h"
+
+typedef struct GraphEntry
+{
+	int			id;				/* hash key */
+	Graph	   *graph;
+} GraphEntry;
+
+/*
+ * dwarf.step, opened once per batch for direct inserts.  The hot path
+ * appends one row per step: forming the tuple and inserting it and its
+ * index entries directly costs a fraction of an INSERT through the
+ * executor (no plan, no expression setup per row).
+ */
+typedef struct StepTable
+{
+	Relation	rel;
+	CatalogIndexState indexes;
+	Oid			seq;			/* dwarf.step_seq */
+} StepTable;
+
+static StepTable Steps = {NULL, NULL, InvalidOid};
+static HTAB *Graphs = NULL;		/* compiled graph versions by id */
+
+static SPIPlanPtr CloseFlowPlan = NULL;
+static SPIPlanPtr LoadFlowsPlan = NULL;
+static SPIPlanPtr ScanFlowsPlan = NULL;
+static SPIPlanPtr LoadStepsPlan = NULL;
+static SPIPlanPtr LoadGraphPlan = NULL;
+static SPIPlanPtr ParkFlowPlan = NULL;
+static SPIPlanPtr DeleteFlowPlan = NULL;
+static SPIPlanPtr ParkAncestorsPlan = NULL;
+static SPIPlanPtr ResumedPlan = NULL;
+
+/*
+ * Prepares a statement for the worker's life.  Its plan is generic: a
+ * custom plan for every execution would plan again each time.
+ */
+static SPIPlanPtr
+Prepare(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "dwarf: SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+/* Prepares the worker's statements once; they stay for the worker's life. */
+void
+PreparePlans(void)
+{
+	Oid			park_types[3] = {INT8OID, JSONBOID, JSONBOID};
+	Oid			close_types[4] = {INT8OID, TEXTOID, JSONBOID, TEXTOID};
+	Oid			ids_type[1] = {INT8ARRAYOID};
+	Oid			scan_types[2] = {INT4OID, INT4OID};
+	Oid			int8_type[1] = {INT8OID};
+	Oid			int4_type[1] = {INT4OID};
+
+	if (CloseFlowPlan != NULL)
+		return;
+	CloseFlowPlan = Prepare(
+		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = clock_timestamp()"
+		" WHERE id = $1 AND status = 'running'",
+		4, close_types);
+	LoadFlowsPlan = Prepare(
+		"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage,"
+		" fairness_key, fairness_weight,"
+		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task,"
+		" parent_id, ARRAY(SELECT c.id FROM dwarf.flow c WHERE c.parent_id = flow.id"
+		"   AND c.status IN ('completed', 'failed', 'cancelled'))"
+		" FROM dwarf.flow WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
+		1, ids_type);
+	ScanFlowsPlan = Prepare(
+		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
+		" AND ((id & 281474976710655) % $1) = $2",
+		2, scan_types);
+	LoadStepsPlan = Prepare(
+		"SELECT token, task, status, changes, goto_task, error, wake_at, attempt,"
+		" started_at, signal FROM dwarf.step WHERE flow_id = $1 ORDER BY step_id",
+		1, int8_type);
+	LoadGraphPlan = Prepare(
+		"SELECT definition FROM dwarf.graph WHERE id = $1",
+		1, int4_type);
+	ParkFlowPlan = Prepare(
+		"UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2, state = $3"
+		" WHERE id = $1 AND status = 'running'",
+		3, park_types);
+	ParkAncestorsPlan = Prepare(
+		"WITH RECURSIVE up AS ("
+		"  SELECT parent_id AS id FROM dwarf.flow WHERE id = $1"
+		"  UNION ALL SELECT f.parent_id FROM dwarf.flow f JOIN up ON f.id = up.id"
+		"   WHERE f.parent_id IS NOT NULL)"
+		" UPDATE dwarf.flow f SET status = 'interrupted', interrupt_payload = $2,"
+		"  state = dwarf.fold_changes(f.input,"
+		"   ARRAY(SELECT s.changes FROM dwarf.step s WHERE s.flow_id = f.id"
+		"          AND s.status IN ('completed', 'retry') ORDER BY s.step_id),"
+		"   (SELECT g.definition -> 'reducers' FROM dwarf.graph g WHERE g.id = f.graph_id))"
+		" WHERE id IN (SELECT id FROM up) AND status = 'running'",
+		3, park_types);
+	DeleteFlowPlan = Prepare(
+		"WITH f AS (DELETE FROM dwarf.flow WHERE id = $1 AND status = 'running'),"
+		" s AS (DELETE FROM dwarf.step WHERE flow_id = $1) SELECT 1",
+		1, int8_type);
+	ResumedPlan = Prepare(
+		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
+		1, int8_type);
+}
+
+/* A compiled graph version, from the cache or the table. */
+static Graph *
+GetGraph(int graph_id)
+{
+	GraphEntry *entry;
+	bool		found;
+	Datum		arg = Int32GetDatum(graph_id);
+	bool		isnull;
+	Datum		def;
+
+	entry = hash_search(Graphs, &graph_id, HASH_ENTER, &found);
+	if (found)
+		return entry->graph;
+	entry->graph = NULL;
+
+	if (SPI_execute_plan(LoadGraphPlan, &arg, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+	{
+		hash_search(Graphs, &graph_id, HASH_REMOVE, NULL);
+		elog(ERROR, "dwarf: graph %d does not exist", graph_id);
+	}
+	def = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	PG_TRY();
+	{
+		entry->graph = GraphParse(DatumGetJsonbP(def), WorkerContext, false);
+	}
+	PG_CATCH();
+	{
+		hash_search(Graphs, &graph_id, HASH_REMOVE, NULL);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	entry->graph->id = graph_id;
+	return entry->graph;
+}
+
+/* A function was created, replaced or dropped: look the tasks up again. */
+static void
+ProcInvalidated(Datum arg, int cacheid, uint32 hashvalue)
+{
+	HASH_SEQ_STATUS status;
+	GraphEntry *entry;
+
+	if (Graphs == NULL)
+		return;
+	hash_seq_init(&status, Graphs);
+	while ((entry = hash_seq_search(&status)) != NULL)
+		if (entry->graph)
+			entry->graph->prepared = false;
+}
+
+void
+DropFlow(FlowRun *flow)
+{
+	int64		id = flow->id;
+
+	FlowRunFree(flow);
+	hash_search(Flows, &id, HASH_REMOVE, NULL);
+}
+
+void
+NoteLoad(int64 flow_id, bool replay)
+{
+	MemoryContext old = MemoryContextSwitchTo(WorkerContext);
+	LoadItem   *item = palloc(sizeof(LoadItem));
+
+	item->flow_id = flow_id;
+	item->replay = replay;
+	ToLoad = lappend(ToLoad, item);
+	MemoryContextSwitchTo(old);
+}
+
+/* Replays a flow's recorded steps, in order, to rebuild where it stands. */
+static void
+ReplaySteps(FlowRun *flow)
+{
+	Datum		arg = Int64GetDatum(flow->id);
+	uint64		i;
+	SPITupleTable *tuptable;
+
+	if (SPI_execute_plan(LoadStepsPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read the steps of flow " INT64_FORMAT, flow->id);
+	tuptable = SPI_tuptable;
+	for (i = 0; i < SPI_processed && flow->status == FLOW_RUNNING; i++)
+	{
+		HeapTuple	tup = tuptable->vals[i];
+		TupleDesc	desc = tuptable->tupdesc;
+		bool		isnull;
+		int			token_id = DatumGetInt32(SPI_getbinval(tup, desc, 1, &isnull));
+		char	   *status = SPI_getvalue(tup, desc, 3);
+		char	   *goto_task = SPI_getvalue(tup, desc, 5);
+		Token	   *token = FlowFindToken(flow, token_id);
+		StepOutcome outcome = {0};
+		Datum		d;
+
+		if (token == NULL)
+		{
+			ereport(WARNING,
+					(errmsg("dwarf: step %llu of flow " INT64_FORMAT " names token %d, which the graph never made",
+							(unsigned long long) i, flow->id, token_id)));
+			break;
+		}
+		outcome.kind = strcmp(status, "completed") == 0 ? OUTCOME_OK :
+			strcmp(status, "retry") == 0 ? OUTCOME_RETRY :
+			strcmp(status, "interrupted") == 0 ? OUTCOME_INTERRUPT :
+			strcmp(status, "resumed") == 0 ? OUTCOME_RESUMED :
+			strcmp(status, "waiting") == 0 ? OUTCOME_WAITING : OUTCOME_ERROR;
+		d = SPI_getbinval(tup, desc, 10, &isnull);
+		outcome.signal = isnull ? NULL : DatumGetJsonbP(d);
+		outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
+		d = SPI_getbinval(tup, desc, 4, &isnull);
+		outcome.changes = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
+		d = SPI_getbinval(tup, desc, 6, &isnull);
+		outcome.error = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
+		d = SPI_getbinval(tup, desc, 7, &isnull);
+		outcome.wake_at = isnull ? 0 : DatumGetTimestampTz(d);
+		if (DatumGetInt32(SPI_getbinval(tup, desc, 8, &isnull)) == 1)
+			token->first_started = DatumGetTimestampTz(SPI_getbinval(tup, desc, 9, &isnull));
+		FlowAdvance(flow, token, &outcome);
+	}
+}
+
+/*
+ * Writes a closed flow's row: its status, final state and error.  A flow
+ * created with delete_on_completion that completed is deleted instead.
+ */
+void
+WriteClose(FlowRun *flow)
+{
+	Datum		args[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
+
+	if (flow->parent_id != 0)
+		NoteOnCommit(flow->parent_id, NOTE_RELOAD_FLOW, false);
+	if (flow->delete_on_completion && flow->status == FLOW_COMPLETED)
+	{
+		args[0] = Int64GetDatum(flow->id);
+		if (SPI_execute_plan(DeleteFlowPlan, args, NULL, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not delete flow " INT64_FORMAT, flow->id);
+		return;
+	}
+
+	args[0] = Int64GetDatum(flow->id);
+	args[1] = CStringGetTextDatum(flow->status == FLOW_COMPLETED ? "completed" : "failed");
+	if (flow->final_state)
+		args[2] = JsonbPGetDatum(flow->final_state);
+	else
+		nulls[2] = 'n';
+	if (flow->error)
+		args[3] = CStringGetTextDatum(flow->error);
+	else
+		nulls[3] = 'n';
+	if (SPI_execute_plan(CloseFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not close flow " INT64_FORMAT, flow->id);
+}
+
+/* Marks the flow's row interrupted, with a parked token's payload and state. */
+void
+ParkRow(FlowRun *flow, Token *token)
+{
+	Datum		args[3];
+	char		nulls[3] = {' ', ' ', ' '};
+
+	args[0] = Int64GetDatum(flow->id);
+	if (token->payload)
+		args[1] = JsonbPGetDatum(token->payload);
+	else
+		nulls[1] = 'n';
+	args[2] = JsonbPGetDatum(token->state);
+	if (SPI_execute_plan(ParkFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not mark flow " INT64_FORMAT " interrupted", flow->id);
+	if (flow->parent_id != 0 &&
+		SPI_execute_plan(ParkAncestorsPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not mark the parents of flow " INT64_FORMAT " interrupted",
+			 flow->id);
+}
+
+static Token *
+FirstParked(FlowRun *flow)
+{
+	ListCell   *lc;
+
+	foreach(lc, flow->tokens)
+	{
+		Token	   *token = lfirst(lc);
+
+		if (token->parked && token->child == 0)
+			return token;
+	}
+	return NULL;
+}
+
+/*
+ * Hands dwarf.resume's data to the first parked token, recording it as a
+ * step so that replay sees it too.  A flow with another parked token is
+ * interrupted again, with that token's payload.
+ */
+static void
+ApplyResume(FlowRun *flow, Jsonb *data)
+{
+	Token	   *token = FirstParked(flow);
+	Datum		arg = Int64GetDatum(flow->id);
+
+	if (token)
+	{
+		StepOutcome outcome = {0};
+		TimestampTz now = GetCurrentTimestamp();
+
+		outcome.kind = OUTCOME_RESUMED;
+		outcome.goto_node = -1;
+		outcome.signal = data;
+		RecordStep(flow, token->id, token->node, token->attempt, &outcome, now, now);
+		FlowAdvance(flow, token, &outcome);
+	}
+	if (SPI_execute_plan(ResumedPlan, &arg, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "dwarf: could not record the resume of flow " INT64_FORMAT, flow->id);
+	if ((token = FirstParked(flow)) != NULL)
+		ParkRow(flow, token);
+}
+
+/*
+ * Puts a flow in memory from its row as LoadFlowsPlan reads it (and, with
+ * replay, its steps).  Returns the flow.
+ */
+static FlowRun *
+AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
+{
+	bool		isnull;
+	int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	Graph	   *graph = GetGraph(DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)));
+	bool		found;
+	FlowRun    *flow;
+	Datum		d;
+	char	   *start_task;
+	int			start = graph->entry;
+	MemoryContext old;
+
+	flow = hash_search(Flows, &id, HASH_ENTER, &found);
+	if (found)
+		return flow;
+	start_task = SPI_getvalue(tup, desc, 12);
+	if (start_task && GraphNodeByName(graph, start_task) >= 0)
+		start = GraphNodeByName(graph, start_task);
+	FlowRunCreate(flow, graph, start,
+				  DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)), WorkerContext);
+	flow->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
+	flow->priority = DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull));
+	old = MemoryContextSwitchTo(flow->cxt);
+	d = SPI_getbinval(tup, desc, 7, &isnull);
+	flow->baggage = isnull ? NULL : (Jsonb *) PG_DETOAST_DATUM_COPY(d);
+	flow->fairness_key = SPI_getvalue(tup, desc, 8);
+	MemoryContextSwitchTo(old);
+	flow->fairness_weight = DatumGetInt32(SPI_getbinval(tup, desc, 9, &isnull));
+	d = SPI_getbinval(tup, desc, 10, &isnull);
+	flow->time_budget_ms = isnull ? 0 : DatumGetInt64(d);
+	flow->delete_on_completion = DatumGetBool(SPI_getbinval(tup, desc, 11, &isnull));
+	d = SPI_getbinval(tup, desc, 13, &isnull);
+	flow->parent_id = isnull ? 0 : DatumGetInt64(d);
+	if (replay)
+	{
+		ListCell   *lc;
+		Datum	   *closed;
+		int			nclosed;
+
+		ReplaySteps(flow);
+
+		/* A step that waits for a child that has closed runs again. */
+		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 14, &isnull)),
+						  INT8OID, 8, true, TYPALIGN_DOUBLE, &closed, NULL, &nclosed);
+		foreach(lc, flow->tokens)
+		{
+			Token	   *token = lfirst(lc);
+
+			for (int i = 0; token->child != 0 && i < nclosed; i++)
+				if (DatumGetInt64(closed[i]) == token->child)
+				{
+					token->parked = false;
+					token->child = 0;
+				}
+		}
+	}
+	pg_atomic_fetch_add_u64(&MySlot->flows_loaded, 1);
+	return flow;
+}
+
+/* Loads the flows listed in ToLoad (and all of ours after a full scan). */
+void
+LoadFlows(void)
+{
+	List	   *items;
+	List	   *closed = NIL;	/* in outer: used after the commit */
+	ListCell   *lc;
+	Datum	   *ids;
+	int			n = 0;
+	bool		any_replay = false;
+	MemoryContext outer = CurrentMemoryContext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: loading flows");
+	PreparePlans();
+
+	if (FullScan)
+	{
+		Datum		args[2] = {Int32GetDatum(dwarf_workers), Int32GetDatum(MySlot->index)};
+		uint64		i;
+
+		FullScan = false;
+		if (SPI_execute_plan(ScanFlowsPlan, args, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not scan dwarf.flow");
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														 SPI_tuptable->tupdesc, 1, &isnull));
+
+			if (hash_search(Flows, &id, HASH_FIND, NULL) == NULL)
+				NoteLoad(id, true);
+		}
+	}
+
+	/* Taken only now: the scan above adds to ToLoad (in WorkerContext). */
+	items = ToLoad;
+	ToLoad = NIL;
+
+	ids = palloc(sizeof(Datum) * Max(list_length(items), 1));
+	foreach(lc, items)
+	{
+		LoadItem   *item = lfirst(lc);
+
+		if (hash_search(Flows, &item->flow_id, HASH_FIND, NULL) != NULL)
+			continue;
+		ids[n++] = Int64GetDatum(item->flow_id);
+		any_replay |= item->replay;
+	}
+
+	if (n > 0)
+	{
+		Datum		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+		SPITupleTable *tuptable;
+		uint64		i,
+					count;
+
+		if (SPI_execute_plan(LoadFlowsPlan, &arg, NULL, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not load flows");
+		tuptable = SPI_tuptable;
+		count = SPI_processed;
+		for (i = 0; i < count; i++)
+		{
+			HeapTuple	tup = tuptable->vals[i];
+			TupleDesc	desc = tuptable->tupdesc;
+			bool		isnull;
+			FlowRun    *flow;
+			Datum		d;
+
+			flow = AddFlow(tup, desc, any_replay);
+			d = SPI_getbinval(tup, desc, 6, &isnull);
+			if (!isnull)
+				ApplyResume(flow, DatumGetJsonbP(d));
+			if (flow->status != FLOW_RUNNING)
+			{
+				MemoryContext old;
+
+				WriteClose(flow);
+				old = MemoryContextSwitchTo(outer);
+				closed = lappend(closed, flow);
+				MemoryContextSwitchTo(old);
+			}
+		}
+	}
+
+	CloseSteps();
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+
+	foreach(lc, closed)
+	{
+		FlowRun    *flow = lfirst(lc);
+		int64		id = flow->id;
+
+		DwarfWakeWaiters(&id, 1);
+		DropFlow(flow);
+	}
+	foreach(lc, items)
+	{
+		LoadItem   *item = lfirst(lc);
+		FlowRun    *flow = hash_search(Flows, &item->flow_id, HASH_FIND, NULL);
+
+		if (flow)
+			EnqueueRunnable(flow);
+	}
+	list_free_deep(items);
+}
+
+static void
+OpenSteps(void)
+{
+	Oid			nsp = get_namespace_oid("dwarf", false);
+
+	Steps.rel = table_open(get_relname_relid("step", nsp), RowExclusiveLock);
+	Steps.indexes = CatalogOpenIndexes(Steps.rel);
+	Steps.seq = get_relname_relid("step_seq", nsp);
+}
+
+void
+CloseSteps(void)
+{
+	if (Steps.rel == NULL)
+		return;
+	CatalogCloseIndexes(Steps.indexes);
+	table_close(Steps.rel, NoLock);
+	Steps.rel = NULL;
+}
+
+/* Appends the step's row to dwarf.step, in the batch's transaction. */
+void
+RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outcome,
+		   TimestampTz started, TimestampTz finished)
+{
+	static const char *const status[] = {
+		"completed", "failed", "retry", "interrupted", "resumed", "waiting"
+	};
+	Graph	   *graph = flow->graph;
+	TupleDesc	desc;
+	Datum		values[13];
+	bool		nulls[13] = {0};
+	HeapTuple	tuple;
+
+	if (Steps.rel == NULL)
+		OpenSteps();
+	desc = RelationGetDescr(Steps.rel);
+	if (desc->natts != lengthof(values))
+		elog(ERROR, "dwarf: dwarf.step has %d columns, not %d", desc->natts, (int) lengthof(values));
+
+	/* In the column order of dwarf.step. */
+	values[0] = Int64GetDatum(flow->id);
+	values[1] = DirectFunctionCall1(nextval_oid, ObjectIdGetDatum(Steps.seq));
+	values[2] = Int32GetDatum(token_id);
+	values[3] = CStringGetTextDatum(graph->nodes[node].name);
+	values[4] = CStringGetTextDatum(status[outcome->kind]);
+	values[5] = Int32GetDatum(attempt);
+	values[6] = TimestampTzGetDatum(started);
+	values[7] = TimestampTzGetDatum(finished);
+	if (outcome->kind == OUTCOME_OK || outcome->kind == OUTCOME_RETRY)
+		values[8] = JsonbPGetDatum(outcome->changes);
+	else
+		nulls[8] = true;
+	if (outcome->kind == OUTCOME_OK && outcome->goto_node >= 0)
+		values[9] = CStringGetTextDatum(graph->nodes[outcome->goto_node].name);
+	else
+		nulls[9] = true;
+	values[10] = TimestampTzGetDatum(outcome->wake_at);
+	nulls[10] = outcome->wake_at == 0;
+	values[11] = JsonbPGetDatum(outcome->signal);
+	nulls[11] = outcome->signal == NULL;
+	values[12] = JsonbPGetDatum(outcome->error);
+	nulls[12] = outcome->kind != OUTCOME_ERROR;
+
+	tuple = heap_form_tuple(desc, values, nulls);
+	CatalogTupleInsertWithInfo(Steps.rel, tuple, Steps.indexes);
+	heap_freetuple(tuple);
+}
+
+/* Sets up the graph cache; once, when the worker starts. */
+void
+StoreInit(void)
+{
+	HASHCTL		ctl;
+
+	ctl.keysize = sizeof(int);
+	ctl.entrysize = sizeof(GraphEntry);
+	ctl.hcxt = WorkerContext;
+	Graphs = hash_create("dwarf graphs", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	CacheRegisterSyscacheCallback(PROCOID, ProcInvalidated, (Datum) 0);
+}
+
+/* After a rolled-back transaction: dwarf.step was closed by the abort. */
+void
+ForgetSteps(void)
+{
+	Steps.rel = NULL;
+}
+

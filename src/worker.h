@@ -1,0 +1,76 @@
+/*
+ * worker.h
+ *		Declarations shared by the files of a dwarf worker: worker.c (the
+ *		loop and batches), queue.c (what runs next) and store.c (what it
+ *		reads and writes).
+ */
+#ifndef DWARF_WORKER_H
+#define DWARF_WORKER_H
+
+#include "executor/spi.h"
+#include "utils/hsearch.h"
+
+#include "dwarf.h"
+
+struct FairKey;
+
+/*
+ * A token in the ready queue or on the timer heap.  The ready queue runs
+ * lower priority first; within a priority, lower virtual time first, which
+ * serves fairness keys in proportion to their weights (stride scheduling);
+ * then first come, first served.
+ */
+typedef struct ReadyEntry
+{
+	pairingheap_node ph;
+	int64		flow_id;
+	int			token_id;
+	int32		priority;
+	uint64		seq;
+	TimestampTz due;
+	struct FairKey *fair;
+	int32		weight;
+	double		vtime;
+} ReadyEntry;
+
+/* A flow to load: from a note, a run request or a table scan. */
+typedef struct LoadItem
+{
+	int64		flow_id;
+	bool		replay;			/* it may have steps already */
+} LoadItem;
+
+/* worker.c */
+extern DwarfWorkerSlot *MySlot;
+extern MemoryContext WorkerContext;
+extern MemoryContext BatchContext;
+extern HTAB *Flows;
+extern List *ToLoad;
+extern bool FullScan;
+
+/* queue.c */
+extern int64 ReadyCount;
+extern void QueueInit(void);
+extern void EnqueueRunnable(FlowRun *flow);
+extern long MoveDueTimers(void);
+extern List *PopBatch(int max);
+extern void PublishPriority(void);
+extern int32 BestReadyPriority(void);
+extern int32 DatabaseBestPriority(void);
+extern bool QueueHasRunnable(void);
+extern bool QueueHasReady(void);
+
+/* store.c */
+extern void StoreInit(void);
+extern void PreparePlans(void);
+extern void LoadFlows(void);
+extern void NoteLoad(int64 flow_id, bool replay);
+extern void DropFlow(FlowRun *flow);
+extern void WriteClose(FlowRun *flow);
+extern void ParkRow(FlowRun *flow, Token *token);
+extern void RecordStep(FlowRun *flow, int token_id, int node, int attempt,
+					   StepOutcome *outcome, TimestampTz started, TimestampTz finished);
+extern void CloseSteps(void);
+extern void ForgetSteps(void);
+
+#endif							/* DWARF_WORKER_H */
