@@ -184,22 +184,35 @@ Connect(void)
 		elog(ERROR, "dwarf: SPI_connect failed");
 }
 
-/* The id of the latest version of a graph, or an error naming it. */
+/*
+ * The id of the latest version of a graph, or an error naming it.  With
+ * committed, the version must not be one this transaction defined: the
+ * engine, outside this transaction, could not see it.
+ */
 static int32
-LatestGraph(text *name)
+LatestGraph(text *name, bool committed)
 {
 	static SPIPlanPtr plan = NULL;
 	Oid			types[1] = {TEXTOID};
 	Datum		args[1] = {PointerGetDatum(name)};
 	bool		isnull;
 
-	ExecKept(&plan, "SELECT id FROM dwarf.graph WHERE name = $1 ORDER BY version DESC LIMIT 1",
+	ExecKept(&plan, "SELECT id, xmin FROM dwarf.graph WHERE name = $1 ORDER BY version DESC LIMIT 1",
 			 1, types, args, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("graph \"%s\" does not exist", text_to_cstring(name)),
 				 errhint("Define it with dwarf.define().")));
+	if (committed &&
+		TransactionIdIsCurrentTransactionId(DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
+																				SPI_tuptable->tupdesc,
+																				2, &isnull))))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("graph \"%s\" was defined in this transaction", text_to_cstring(name)),
+				 errdetail("dwarf.run commits its flow on its own, where this version is not visible yet."),
+				 errhint("Commit the definition first, or use dwarf.create() and commit.")));
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 }
 
@@ -472,7 +485,7 @@ CreateFlow(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options)
 
 	CheckInput(input);
 	Connect();
-	graph_id = LatestGraph(graph);
+	graph_id = LatestGraph(graph, false);
 	id = InsertFlow(NewFlowId(), graph_id, GetUserId(), priority, key, input, options, &is_new);
 	if (is_new)
 		NoteOnCommit(id, NOTE_NEW_FLOW, false);
@@ -718,7 +731,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 
 	CheckInput(input);
 	Connect();
-	graph_id = LatestGraph(graph);
+	graph_id = LatestGraph(graph, true);
 	SPI_finish();
 	flow_id = NewFlowId();
 	slot = WaitForOwner(flow_id);

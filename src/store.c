@@ -61,6 +61,7 @@ static SPIPlanPtr ParkFlowPlan = NULL;
 static SPIPlanPtr DeleteFlowPlan = NULL;
 static SPIPlanPtr ParkAncestorsPlan = NULL;
 static SPIPlanPtr ResumedPlan = NULL;
+static SPIPlanPtr FailFlowPlan = NULL;
 
 /*
  * Prepares a statement for the worker's life.  Its plan is generic: a
@@ -83,6 +84,7 @@ void
 PreparePlans(void)
 {
 	Oid			park_types[3] = {INT8OID, JSONBOID, JSONBOID};
+	Oid			fail_types[2] = {INT8OID, TEXTOID};
 	Oid			close_types[4] = {INT8OID, TEXTOID, JSONBOID, TEXTOID};
 	Oid			ids_type[1] = {INT8ARRAYOID};
 	Oid			scan_types[2] = {INT4OID, INT4OID};
@@ -134,12 +136,16 @@ PreparePlans(void)
 		"WITH f AS (DELETE FROM dwarf.flow WHERE id = $1 AND status = 'running'),"
 		" s AS (DELETE FROM dwarf.step WHERE flow_id = $1) SELECT 1",
 		1, int8_type);
+	FailFlowPlan = Prepare(
+		"UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = clock_timestamp()"
+		" WHERE id = $1 AND status IN ('running', 'interrupted')",
+		2, fail_types);
 	ResumedPlan = Prepare(
 		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
 		1, int8_type);
 }
 
-/* A compiled graph version, from the cache or the table. */
+/* A compiled graph version, from the cache or the table; NULL if there is none. */
 static Graph *
 GetGraph(int graph_id)
 {
@@ -158,7 +164,7 @@ GetGraph(int graph_id)
 		SPI_processed != 1)
 	{
 		hash_search(Graphs, &graph_id, HASH_REMOVE, NULL);
-		elog(ERROR, "dwarf: graph %d does not exist", graph_id);
+		return NULL;
 	}
 	def = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	PG_TRY();
@@ -361,21 +367,37 @@ ApplyResume(FlowRun *flow, Jsonb *data)
 
 /*
  * Puts a flow in memory from its row as LoadFlowsPlan reads it (and, with
- * replay, its steps).  Returns the flow.
+ * replay, its steps).  Returns the flow, or NULL when it cannot run.
  */
 static FlowRun *
 AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 {
 	bool		isnull;
 	int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-	Graph	   *graph = GetGraph(DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)));
+	int32		graph_id = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+	Graph	   *graph = GetGraph(graph_id);
 	bool		found;
 	FlowRun    *flow;
 	Datum		d;
 	char	   *start_task;
-	int			start = graph->entry;
+	int			start;
 	MemoryContext old;
 
+	if (graph == NULL)
+	{
+		/*
+		 * Its graph version is not there: it was defined in a transaction
+		 * that rolled back (dwarf.run commits its create on its own).  The
+		 * flow can never run: fail it.
+		 */
+		Datum		args[2] = {Int64GetDatum(id),
+			CStringGetTextDatum(psprintf("graph version %d of this flow does not exist", graph_id))};
+
+		if (SPI_execute_plan(FailFlowPlan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "dwarf: could not fail flow " INT64_FORMAT, id);
+		return NULL;
+	}
+	start = graph->entry;
 	flow = hash_search(Flows, &id, HASH_ENTER, &found);
 	if (found)
 		return flow;
@@ -430,6 +452,8 @@ LoadFlows(void)
 {
 	List	   *items;
 	List	   *closed = NIL;	/* in outer: used after the commit */
+	int64	   *failed = NULL;	/* flows that could not load, in outer */
+	int			nfailed = 0;
 	ListCell   *lc;
 	Datum	   *ids;
 	int			n = 0;
@@ -488,6 +512,7 @@ LoadFlows(void)
 			elog(ERROR, "dwarf: could not load flows");
 		tuptable = SPI_tuptable;
 		count = SPI_processed;
+		failed = MemoryContextAlloc(outer, sizeof(int64) * Max(count, 1));
 		for (i = 0; i < count; i++)
 		{
 			HeapTuple	tup = tuptable->vals[i];
@@ -497,6 +522,11 @@ LoadFlows(void)
 			Datum		d;
 
 			flow = AddFlow(tup, desc, any_replay);
+			if (flow == NULL)
+			{
+				failed[nfailed++] = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+				continue;
+			}
 			d = SPI_getbinval(tup, desc, 6, &isnull);
 			if (!isnull)
 				ApplyResume(flow, DatumGetJsonbP(d));
@@ -518,6 +548,7 @@ LoadFlows(void)
 	CommitTransactionCommand();
 	pgstat_report_activity(STATE_IDLE, NULL);
 
+	DwarfWakeWaiters(failed, nfailed);
 	foreach(lc, closed)
 	{
 		FlowRun    *flow = lfirst(lc);
