@@ -16,7 +16,7 @@
 PG_MODULE_MAGIC;
 
 int			dwarf_workers = 2;
-int			dwarf_batch_size = 32;
+int			dwarf_batch_size = 128;
 int			dwarf_shard_id = 0;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -61,7 +61,7 @@ _PG_init(void)
 							"Steps a worker runs and commits together.",
 							"Each batch is one transaction and one WAL flush.",
 							&dwarf_batch_size,
-							32, 1, 1024,
+							128, 1, 1024,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
