@@ -89,7 +89,7 @@ DwarfRegisterLauncher(void)
 	object_access_hook = DwarfObjectAccess;
 }
 
-/* Reads pg_database: every database that accepts connections. */
+/* Reads pg_database: every database, but templates, that accepts connections. */
 static List *
 ListDatabases(void)
 {
@@ -108,7 +108,12 @@ ListDatabases(void)
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 		MemoryContext old;
 
-		if (!db->datallowconn || db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+		/*
+		 * Template databases get no workers: a connected worker would make
+		 * every CREATE DATABASE that copies them fail.
+		 */
+		if (!db->datallowconn || db->datistemplate ||
+			db->datconnlimit == DATCONNLIMIT_INVALID_DB)
 			continue;
 		old = MemoryContextSwitchTo(outer);
 		result = lappend_oid(result, db->oid);
