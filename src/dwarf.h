@@ -196,6 +196,7 @@ typedef struct GraphNode
 	char	   *fn_name;		/* as resolved: schema.name */
 	Oid			fn;
 	FmgrInfo	flinfo;			/* set up by GraphPrepareCalls */
+	Oid			may_execute;	/* a role last found to have EXECUTE on fn */
 	bool		fan_in;
 	List	   *edges;			/* outgoing, in definition order */
 } GraphNode;
@@ -211,7 +212,7 @@ typedef struct Graph
 	int			nreducers;
 	Reducer    *reducers;
 	MemoryContext cxt;
-	bool		prepared;		/* FmgrInfos set up */
+	bool		prepared;		/* FmgrInfos set up, EXECUTE checks valid */
 } Graph;
 
 extern Graph *GraphParse(Jsonb *definition, MemoryContext cxt, bool strict);

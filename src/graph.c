@@ -754,15 +754,21 @@ GraphNormalized(Graph *graph, Jsonb *definition)
 	return JsonbWithKeys(definition, 2, names, keys);
 }
 
-/* Looks up each task's function for calling; once per graph in a worker. */
+/*
+ * Looks up each task's function for calling, and forgets which roles may
+ * execute them; once per graph in a worker, again after invalidations.
+ */
 void
 GraphPrepareCalls(Graph *graph)
 {
 	int			i;
 
 	for (i = 0; i < graph->nnodes; i++)
+	{
+		graph->nodes[i].may_execute = InvalidOid;
 		if (OidIsValid(graph->nodes[i].fn))
 			fmgr_info_cxt(graph->nodes[i].fn, &graph->nodes[i].flinfo, graph->cxt);
+	}
 	graph->prepared = true;
 }
 

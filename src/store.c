@@ -62,6 +62,7 @@ static SPIPlanPtr DeleteFlowPlan = NULL;
 static SPIPlanPtr ParkAncestorsPlan = NULL;
 static SPIPlanPtr ResumedPlan = NULL;
 static SPIPlanPtr FailFlowPlan = NULL;
+static SPIPlanPtr ChildClosedPlan = NULL;
 
 /*
  * Prepares a statement for the worker's life.  Its plan is generic: a
@@ -101,8 +102,7 @@ PreparePlans(void)
 		"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage,"
 		" fairness_key, fairness_weight,"
 		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task,"
-		" parent_id, ARRAY(SELECT c.id FROM dwarf.flow c WHERE c.parent_id = flow.id"
-		"   AND c.status IN ('completed', 'failed', 'cancelled'))"
+		" parent_id"
 		" FROM dwarf.flow WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
 		1, ids_type);
 	ScanFlowsPlan = Prepare(
@@ -135,6 +135,10 @@ PreparePlans(void)
 	DeleteFlowPlan = Prepare(
 		"WITH f AS (DELETE FROM dwarf.flow WHERE id = $1 AND status = 'running'),"
 		" s AS (DELETE FROM dwarf.step WHERE flow_id = $1) SELECT 1",
+		1, int8_type);
+	ChildClosedPlan = Prepare(
+		"SELECT NOT EXISTS (SELECT 1 FROM dwarf.flow WHERE id = $1"
+		" AND status IN ('running', 'interrupted'))",
 		1, int8_type);
 	FailFlowPlan = Prepare(
 		"UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = clock_timestamp()"
@@ -181,9 +185,12 @@ GetGraph(int graph_id)
 	return entry->graph;
 }
 
-/* A function was created, replaced or dropped: look the tasks up again. */
+/*
+ * A function was created, replaced, dropped or had its privileges changed,
+ * or a role or membership changed: look the tasks up and check again.
+ */
 static void
-ProcInvalidated(Datum arg, int cacheid, uint32 hashvalue)
+CallsInvalidated(Datum arg, int cacheid, uint32 hashvalue)
 {
 	HASH_SEQ_STATUS status;
 	GraphEntry *entry;
@@ -422,24 +429,24 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	if (replay)
 	{
 		ListCell   *lc;
-		Datum	   *closed;
-		int			nclosed;
 
 		ReplaySteps(flow);
 
-		/* A step that waits for a child that has closed runs again. */
-		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(tup, desc, 14, &isnull)),
-						  INT8OID, 8, true, TYPALIGN_DOUBLE, &closed, NULL, &nclosed);
+		/* A step that waits for a child that has closed (or gone) runs again. */
 		foreach(lc, flow->tokens)
 		{
 			Token	   *token = lfirst(lc);
+			Datum		child = Int64GetDatum(token->child);
 
-			for (int i = 0; token->child != 0 && i < nclosed; i++)
-				if (DatumGetInt64(closed[i]) == token->child)
-				{
-					token->parked = false;
-					token->child = 0;
-				}
+			if (token->child == 0)
+				continue;
+			if (SPI_execute_plan(ChildClosedPlan, &child, NULL, true, 1) != SPI_OK_SELECT)
+				elog(ERROR, "dwarf: could not read child flow " INT64_FORMAT, token->child);
+			if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+			{
+				token->parked = false;
+				token->child = 0;
+			}
 		}
 	}
 	pg_atomic_fetch_add_u64(&MySlot->flows_loaded, 1);
@@ -647,7 +654,9 @@ StoreInit(void)
 	ctl.entrysize = sizeof(GraphEntry);
 	ctl.hcxt = WorkerContext;
 	Graphs = hash_create("dwarf graphs", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	CacheRegisterSyscacheCallback(PROCOID, ProcInvalidated, (Datum) 0);
+	CacheRegisterSyscacheCallback(PROCOID, CallsInvalidated, (Datum) 0);
+	CacheRegisterSyscacheCallback(AUTHOID, CallsInvalidated, (Datum) 0);
+	CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, CallsInvalidated, (Datum) 0);
 }
 
 /* After a rolled-back transaction: dwarf.step was closed by the abort. */

@@ -234,12 +234,21 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 				 errmsg("function %s of task \"%s\" does not exist", node->fn_name, node->name)));
 	if (!graph->prepared)
 		GraphPrepareCalls(graph);
-	if (pg_proc_aclcheck(node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied for function %s of task \"%s\"",
-						node->fn_name, node->name),
-				 errdetail("The flow runs as role %s.", GetUserNameFromId(flow->owner, true))));
+
+	/*
+	 * The EXECUTE check is remembered per task for the last role that passed
+	 * it: a GRANT, REVOKE or role change invalidates it (see StoreInit).
+	 */
+	if (node->may_execute != flow->owner)
+	{
+		if (pg_proc_aclcheck(node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied for function %s of task \"%s\"",
+							node->fn_name, node->name),
+					 errdetail("The flow runs as role %s.", GetUserNameFromId(flow->owner, true))));
+		node->may_execute = flow->owner;
+	}
 
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(flow->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
