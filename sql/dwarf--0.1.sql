@@ -265,6 +265,23 @@ CREATE FUNCTION dwarf.fold_changes(input jsonb, changes jsonb[], reducers jsonb)
 COMMENT ON FUNCTION dwarf.fold_changes(jsonb, jsonb[], jsonb) IS
 	'Merges step changes into a state in order, with the given per-field reducers';
 
+CREATE FUNCTION dwarf.state_at(flow_id bigint, before_step bigint DEFAULT NULL)
+	RETURNS jsonb
+	LANGUAGE sql STABLE
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT dwarf.fold_changes(f.input,
+			   ARRAY(SELECT s.changes FROM dwarf.step s
+					  WHERE s.flow_id = f.id AND s.status IN ('completed', 'retry')
+						AND (state_at.before_step IS NULL OR s.step_id < state_at.before_step)
+					  ORDER BY s.step_id),
+			   g.definition -> 'reducers')
+	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	 WHERE f.id = state_at.flow_id
+$$;
+COMMENT ON FUNCTION dwarf.state_at(bigint, bigint) IS
+	'A flow''s input with its committed steps'' changes folded in (those before before_step, when given)';
+
 CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   state jsonb, error text, interrupt_payload jsonb,
@@ -274,12 +291,7 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 	SELECT f.id, g.name, g.version, f.status,
-		   coalesce(f.state,
-					dwarf.fold_changes(f.input,
-						(SELECT array_agg(s.changes ORDER BY s.step_id)
-						   FROM dwarf.step s
-						  WHERE s.flow_id = f.id AND s.status = 'completed'),
-						g.definition -> 'reducers')),
+		   coalesce(f.state, dwarf.state_at(f.id)),
 		   f.error, f.interrupt_payload, f.cancel_reason,
 		   (SELECT count(*) FROM dwarf.step s WHERE s.flow_id = f.id),
 		   f.created_at, f.finished_at

@@ -154,9 +154,22 @@ Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
 }
 
 /*
- * Like Exec, for the statements of the hot path (run, await): prepared on
- * first use and kept for the backend's life in *plan.
+ * Prepares a statement for the life of the backend, with a generic plan: a
+ * custom plan for every execution would plan again each time.  Used for
+ * every statement of a hot path, in client backends and workers alike.
  */
+SPIPlanPtr
+PrepareKept(const char *sql, int nargs, Oid *types)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL || SPI_keepplan(plan) != 0)
+		elog(ERROR, "dwarf: could not prepare \"%s\": %s", sql,
+			 SPI_result_code_string(SPI_result));
+	return plan;
+}
+
+/* Like Exec, with a plan PrepareKept makes on first use and keeps in *plan. */
 static void
 ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
 		 int expect)
@@ -164,14 +177,7 @@ ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
 	int			rc;
 
 	if (*plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
-
-		if (p == NULL || SPI_keepplan(p) != 0)
-			elog(ERROR, "dwarf: could not prepare \"%s\": %s", sql,
-				 SPI_result_code_string(SPI_result));
-		*plan = p;
-	}
+		*plan = PrepareKept(sql, nargs, types);
 	rc = SPI_execute_plan(*plan, args, NULL, false, 0);
 	if (rc != expect)
 		elog(ERROR, "dwarf: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
@@ -351,7 +357,7 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 		Oid			types[7] = {INT8OID, INT4OID, OIDOID, INT4OID, TEXTOID, JSONBOID, JSONBOID};
 		Oid			keytypes[2] = {OIDOID, TEXTOID};
 
-		InsertFlowPlan = SPI_prepare(
+		InsertFlowPlan = PrepareKept(
 			"INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input,"
 			" fairness_key, fairness_weight, time_budget, delete_on_completion, baggage,"
 			" thread, start_task, parent_id, parent_key)"
@@ -361,13 +367,9 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 			" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key')"
 			" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 			" RETURNING id", 7, types);
-		FindKeyPlan = SPI_prepare(
+		FindKeyPlan = PrepareKept(
 			"SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
 			2, keytypes);
-		if (InsertFlowPlan == NULL || FindKeyPlan == NULL)
-			elog(ERROR, "dwarf: could not prepare the flow insert");
-		SPI_keepplan(InsertFlowPlan);
-		SPI_keepplan(FindKeyPlan);
 	}
 
 	args[0] = Int64GetDatum(flow_id);
@@ -524,21 +526,6 @@ dwarf_create(PG_FUNCTION_ARGS)
 
 static const char *const closed_statuses[] = {"interrupted", "completed", "failed", "cancelled"};
 
-/* Milliseconds in a non-negative interval argument named what. */
-int64
-IntervalMs(Interval *timeout, const char *what)
-{
-	int64		us = timeout->time +
-		(int64) timeout->day * USECS_PER_DAY +
-		(int64) timeout->month * DAYS_PER_MONTH * USECS_PER_DAY;
-
-	if (us < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be negative", what)));
-	return us / 1000;
-}
-
 /*
  * Reads a flow's outcome with a fresh snapshot.  Returns false when the flow
  * is still running.  Errors if the caller cannot see it, unless it existed
@@ -671,7 +658,7 @@ dwarf_await(PG_FUNCTION_ARGS)
 
 	CheckNotNull(fcinfo, 0, "flow_id");
 	CheckNotNull(fcinfo, 1, "timeout");
-	AwaitFlow(PG_GETARG_INT64(0), IntervalMs(PG_GETARG_INTERVAL_P(1), "timeout"), values, nulls, false);
+	AwaitFlow(PG_GETARG_INT64(0), IntervalMicros(PG_GETARG_INTERVAL_P(1), "timeout") / 1000, values, nulls, false);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }
 
@@ -775,7 +762,6 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	r->priority = priority;
 	r->keylen = keylen;
 	r->inputlen = inputlen;
-	r->optionslen = optionslen;
 	if (keylen)
 		memcpy(r->data, VARDATA_ANY(key), keylen);
 	memcpy(r->data + keylen, input, inputlen);
@@ -863,7 +849,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 1, "input");
 	CheckNotNull(fcinfo, 2, "timeout");
 	CheckNotNull(fcinfo, 3, "priority");
-	timeout_ms = IntervalMs(PG_GETARG_INTERVAL_P(2), "timeout");
+	timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(2), "timeout") / 1000;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 								  PG_GETARG_INT32(3),

@@ -21,6 +21,5 @@ extern void Exec(const char *sql, int nargs, Oid *types, Datum *args, const char
 				 int expect);
 extern void CheckInput(Jsonb *input);
 extern void CheckNotNull(FunctionCallInfo fcinfo, int arg, const char *name);
-extern int64 IntervalMs(Interval *span, const char *what);
 
 #endif							/* DWARF_API_H */

@@ -80,14 +80,17 @@ dwarf_flow_id(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(CurrentStep("dwarf.flow_id()")->flow->id);
 }
 
-/* Microseconds in an interval argument; months count as 30 days. */
-static int64
+/*
+ * Microseconds in an interval argument (months count as 30 days).  With
+ * what, a negative interval is an error naming that argument.
+ */
+int64
 IntervalMicros(Interval *span, const char *what)
 {
 	int64		us = span->time + (int64) span->day * USECS_PER_DAY +
 		(int64) span->month * DAYS_PER_MONTH * USECS_PER_DAY;
 
-	if (us < 0)
+	if (what && us < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must not be negative", what)));
@@ -121,9 +124,7 @@ dwarf_retry(PG_FUNCTION_ARGS)
 	factor = PG_GETARG_FLOAT8(1);
 	max = IntervalMicros(PG_GETARG_INTERVAL_P(2), "max");
 	if (!PG_ARGISNULL(3))
-		horizon = PG_GETARG_INTERVAL_P(3)->time +
-			(int64) PG_GETARG_INTERVAL_P(3)->day * USECS_PER_DAY +
-			(int64) PG_GETARG_INTERVAL_P(3)->month * DAYS_PER_MONTH * USECS_PER_DAY;
+		horizon = IntervalMicros(PG_GETARG_INTERVAL_P(3), NULL);
 	if (!(factor >= 1.0) || isinf(factor))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "lib/pairingheap.h"
 #include "nodes/pg_list.h"
@@ -108,14 +109,12 @@ typedef struct RunRequest
 	int32		priority;
 	int32		keylen;			/* idempotency key bytes, 0 if none */
 	Size		inputlen;		/* bytes of the flat jsonb input */
-	Size		optionslen;		/* bytes of the flat jsonb options */
-	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, input, options */
+	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, input, options (jsonb) */
 } RunRequest;
 
 typedef struct DwarfShared
 {
 	slock_t		mutex;			/* protects the launcher fields */
-	pid_t		launcher_pid;
 	Latch	   *launcher_latch;
 	bool		rescan;			/* a database created or dropped dwarf */
 
@@ -218,6 +217,7 @@ typedef struct Graph
 extern Graph *GraphParse(Jsonb *definition, MemoryContext cxt, bool strict);
 extern Jsonb *GraphNormalized(Graph *graph, Jsonb *definition);
 extern Reducer *ReducersParse(JsonbValue *reducers, int *nreducers);
+extern Reducer *ReducersFromJsonb(Jsonb *reducers, int *nreducers);
 extern void GraphPrepareCalls(Graph *graph);
 extern int	GraphNodeByName(Graph *graph, const char *name);
 extern Edge *GraphGotoEdge(Graph *graph, int from, int to);
@@ -277,7 +277,6 @@ struct Cohort
 	int			fan_in;			/* where the first arrival waits, or -1 */
 	List	  **deltas;			/* per branch, set when it arrives or ends */
 	List	   *drop_keys;		/* for_each keys, removed again at the fan-in */
-	bool	   *reached;		/* per branch: arrived at the fan-in */
 };
 
 typedef struct FlowRun
@@ -346,6 +345,7 @@ typedef struct StepContext
 } StepContext;
 
 extern StepContext *DwarfCurrentStep;
+extern int64 IntervalMicros(Interval *span, const char *what);
 
 /* ---------- api.c ---------- */
 
@@ -355,6 +355,7 @@ extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority
 extern int64 NewFlowId(void);
 extern void NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters);
 extern Oid	DwarfExtensionOwner(void);
+extern SPIPlanPtr PrepareKept(const char *sql, int nargs, Oid *types);
 extern void DwarfRescanOnCommit(void);
 
 #endif							/* DWARF_H */

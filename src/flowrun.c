@@ -289,7 +289,6 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
 	cohort->pending = n;
 	cohort->fan_in = -1;
 	cohort->deltas = palloc0(sizeof(List *) * n);
-	cohort->reached = palloc0(sizeof(bool) * n);
 	for (b = 0; b < n; b++)
 	{
 		Edge	   *edge = ((Branch *) list_nth(branches, b))->edge;
@@ -359,7 +358,6 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 	int			b;
 
 	cohort->deltas[branch] = deltas;
-	cohort->reached[branch] = fan_in >= 0;
 	if (fan_in >= 0 && cohort->fan_in < 0)
 		cohort->fan_in = fan_in;
 	if (--cohort->pending > 0)

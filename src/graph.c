@@ -421,6 +421,22 @@ ReducersParse(JsonbValue *reducers, int *nreducers)
 	return result;
 }
 
+/* The reducers of a stand-alone "reducers" object. */
+Reducer *
+ReducersFromJsonb(Jsonb *reducers, int *nreducers)
+{
+	JsonbValue	v;
+
+	if (!JsonbIsObject(reducers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("reducers must be a JSON object")));
+	v.type = jbvBinary;
+	v.val.binary.data = &reducers->root;
+	v.val.binary.len = VARSIZE(reducers) - VARHDRSZ;
+	return ReducersParse(&v, nreducers);
+}
+
 /* The entry: named, or else the one task no edge leads to. */
 static void
 FindEntry(Graph *graph, JsonbValue *entry)

@@ -319,7 +319,6 @@ DwarfLauncherMain(Datum arg)
 	pgstat_report_appname("dwarf launcher");
 
 	SpinLockAcquire(&Dwarf->mutex);
-	Dwarf->launcher_pid = MyProcPid;
 	Dwarf->launcher_latch = MyLatch;
 	SpinLockRelease(&Dwarf->mutex);
 

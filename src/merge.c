@@ -498,19 +498,7 @@ dwarf_fold_changes(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(1))
 		PG_RETURN_JSONB_P(state);
 	if (!PG_ARGISNULL(2))
-	{
-		Jsonb	   *r = PG_GETARG_JSONB_P(2);
-		JsonbValue	rv;
-
-		if (!JsonbIsObject(r))
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("reducers must be a JSON object")));
-		rv.type = jbvBinary;
-		rv.val.binary.data = &r->root;
-		rv.val.binary.len = VARSIZE(r) - VARHDRSZ;
-		reducers = ReducersParse(&rv, &nreducers);
-	}
+		reducers = ReducersFromJsonb(PG_GETARG_JSONB_P(2), &nreducers);
 	if (!JsonbIsObject(state))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

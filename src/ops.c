@@ -212,15 +212,7 @@ MergeOverrides(Jsonb *state, Jsonb *input, int32 graph_id)
 		 1, types, args, NULL, SPI_OK_SELECT);
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (!isnull)
-	{
-		Jsonb	   *r = DatumGetJsonbP(d);
-		JsonbValue	rv;
-
-		rv.type = jbvBinary;
-		rv.val.binary.data = &r->root;
-		rv.val.binary.len = VARSIZE(r) - VARHDRSZ;
-		reducers = ReducersParse(&rv, &nreducers);
-	}
+		reducers = ReducersFromJsonb(DatumGetJsonbP(d), &nreducers);
 	return MergeChanges(state, input, reducers, nreducers);
 }
 
@@ -253,14 +245,8 @@ dwarf_fork(PG_FUNCTION_ARGS)
 	CheckInput(PG_GETARG_JSONB_P(1));
 	args[0] = PG_GETARG_DATUM(0);
 	Connect();
-	Exec("SELECT s.task, f.graph_id, f.priority, f.thread,"
-		 "  dwarf.fold_changes(f.input,"
-		 "    (SELECT array_agg(p.changes ORDER BY p.step_id) FROM dwarf.step p"
-		 "      WHERE p.flow_id = s.flow_id AND p.step_id < s.step_id"
-		 "        AND p.status IN ('completed', 'retry')),"
-		 "    g.definition -> 'reducers')"
-		 " FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id"
-		 " JOIN dwarf.graph g ON g.id = f.graph_id WHERE s.step_id = $1",
+	Exec("SELECT s.task, f.graph_id, f.priority, f.thread, dwarf.state_at(f.id, s.step_id)"
+		 " FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id WHERE s.step_id = $1",
 		 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
@@ -411,7 +397,7 @@ dwarf_purge(PG_FUNCTION_ARGS)
 	int64		purged;
 	SavedUser	saved;
 
-	(void) IntervalMs(PG_GETARG_INTERVAL_P(0), "older_than");
+	(void) IntervalMicros(PG_GETARG_INTERVAL_P(0), "older_than");
 	Connect();
 	saved = BecomeOwner();
 	Exec("WITH gone AS ("

@@ -64,22 +64,6 @@ static SPIPlanPtr ResumedPlan = NULL;
 static SPIPlanPtr FailFlowPlan = NULL;
 static SPIPlanPtr ChildClosedPlan = NULL;
 
-/*
- * Prepares a statement for the worker's life.  Its plan is generic: a
- * custom plan for every execution would plan again each time.
- */
-static SPIPlanPtr
-Prepare(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-
-	if (plan == NULL)
-		elog(ERROR, "dwarf: SPI_prepare failed for \"%s\": %s",
-			 sql, SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
 /* Prepares the worker's statements once; they stay for the worker's life. */
 void
 PreparePlans(void)
@@ -94,57 +78,54 @@ PreparePlans(void)
 
 	if (CloseFlowPlan != NULL)
 		return;
-	CloseFlowPlan = Prepare(
+	CloseFlowPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = clock_timestamp()"
 		" WHERE id = $1 AND status = 'running'",
 		4, close_types);
-	LoadFlowsPlan = Prepare(
+	LoadFlowsPlan = PrepareKept(
 		"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage,"
 		" fairness_key, fairness_weight,"
 		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task,"
 		" parent_id"
 		" FROM dwarf.flow WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
 		1, ids_type);
-	ScanFlowsPlan = Prepare(
+	ScanFlowsPlan = PrepareKept(
 		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
 		" AND ((id & 281474976710655) % $1) = $2",
 		2, scan_types);
-	LoadStepsPlan = Prepare(
+	LoadStepsPlan = PrepareKept(
 		"SELECT token, task, status, changes, goto_task, error, wake_at, attempt,"
 		" started_at, signal FROM dwarf.step WHERE flow_id = $1 ORDER BY step_id",
 		1, int8_type);
-	LoadGraphPlan = Prepare(
+	LoadGraphPlan = PrepareKept(
 		"SELECT definition FROM dwarf.graph WHERE id = $1",
 		1, int4_type);
-	ParkFlowPlan = Prepare(
+	ParkFlowPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2, state = $3"
 		" WHERE id = $1 AND status = 'running'",
 		3, park_types);
-	ParkAncestorsPlan = Prepare(
+	ParkAncestorsPlan = PrepareKept(
 		"WITH RECURSIVE up AS ("
 		"  SELECT parent_id AS id FROM dwarf.flow WHERE id = $1"
 		"  UNION ALL SELECT f.parent_id FROM dwarf.flow f JOIN up ON f.id = up.id"
 		"   WHERE f.parent_id IS NOT NULL)"
 		" UPDATE dwarf.flow f SET status = 'interrupted', interrupt_payload = $2,"
-		"  state = dwarf.fold_changes(f.input,"
-		"   ARRAY(SELECT s.changes FROM dwarf.step s WHERE s.flow_id = f.id"
-		"          AND s.status IN ('completed', 'retry') ORDER BY s.step_id),"
-		"   (SELECT g.definition -> 'reducers' FROM dwarf.graph g WHERE g.id = f.graph_id))"
+		"  state = dwarf.state_at(f.id)"
 		" WHERE id IN (SELECT id FROM up) AND status = 'running'",
 		3, park_types);
-	DeleteFlowPlan = Prepare(
+	DeleteFlowPlan = PrepareKept(
 		"WITH f AS (DELETE FROM dwarf.flow WHERE id = $1 AND status = 'running'),"
 		" s AS (DELETE FROM dwarf.step WHERE flow_id = $1) SELECT 1",
 		1, int8_type);
-	ChildClosedPlan = Prepare(
+	ChildClosedPlan = PrepareKept(
 		"SELECT NOT EXISTS (SELECT 1 FROM dwarf.flow WHERE id = $1"
 		" AND status IN ('running', 'interrupted'))",
 		1, int8_type);
-	FailFlowPlan = Prepare(
+	FailFlowPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = clock_timestamp()"
 		" WHERE id = $1 AND status IN ('running', 'interrupted')",
 		2, fail_types);
-	ResumedPlan = Prepare(
+	ResumedPlan = PrepareKept(
 		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
 		1, int8_type);
 }
