@@ -7,6 +7,7 @@ OBJS = \
 	src/shmem.o \
 	src/launcher.o \
 	src/worker.o \
+	src/runner.o \
 	src/queue.o \
 	src/store.o \
 	src/graph.o \

@@ -26,6 +26,7 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/fmgrprotos.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/numeric.h"
@@ -133,12 +134,17 @@ BecomeOwner(void)
 
 	GetUserIdAndSecContext(&saved.user, &saved.sec);
 	SetUserIdAndSecContext(DwarfExtensionOwner(), saved.sec | SECURITY_LOCAL_USERID_CHANGE);
+	saved.nest = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 	return saved;
 }
 
+/* Back to the caller's role and search_path (an error unwinds both anyway). */
 void
 RestoreUser(SavedUser saved)
 {
+	AtEOXact_GUC(true, saved.nest);
 	SetUserIdAndSecContext(saved.user, saved.sec);
 }
 
@@ -297,8 +303,18 @@ dwarf_define(PG_FUNCTION_ARGS)
 	normalized = GraphNormalized(GraphParse(PG_GETARG_JSONB_P(1), CurrentMemoryContext, true),
 								 PG_GETARG_JSONB_P(1));
 
+	/*
+	 * The lock on the name comes before the owner check, so that two first
+	 * definitions of one name cannot both pass it.
+	 */
 	Connect();
+	saved = BecomeOwner();
 	args[0] = PointerGetDatum(name);
+	args[1] = JsonbPGetDatum(normalized);
+	args[2] = ObjectIdGetDatum(saved.user);
+	Exec("SELECT pg_catalog.pg_advisory_xact_lock('dwarf.graph'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,"
+		 " pg_catalog.hashtext($1))",
+		 1, types, args, NULL, SPI_OK_SELECT);
 	Exec("SELECT created_by::oid FROM dwarf.graph WHERE name = $1 ORDER BY version LIMIT 1",
 		 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed > 0)
@@ -306,19 +322,13 @@ dwarf_define(PG_FUNCTION_ARGS)
 		Oid			first = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
 														   SPI_tuptable->tupdesc, 1, &isnull));
 
-		if (!has_privs_of_role(GetUserId(), first))
+		if (!has_privs_of_role(saved.user, first))
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 					 errmsg("graph \"%s\" belongs to role %s", cname,
 							GetUserNameFromId(first, true)),
 					 errhint("Only members of that role may define new versions of it.")));
 	}
-
-	saved = BecomeOwner();
-	args[1] = JsonbPGetDatum(normalized);
-	args[2] = ObjectIdGetDatum(saved.user);
-	Exec("SELECT pg_advisory_xact_lock('dwarf.graph'::regclass::oid::int, hashtext($1))",
-		 1, types, args, NULL, SPI_OK_SELECT);
 	Exec("INSERT INTO dwarf.graph (name, version, definition, created_by)"
 		 " SELECT $1, coalesce(max(version), 0) + 1, $2, $3::regrole"
 		 " FROM dwarf.graph WHERE name = $1 RETURNING version",

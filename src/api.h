@@ -12,6 +12,7 @@ typedef struct SavedUser
 {
 	Oid			user;
 	int			sec;
+	int			nest;			/* GUC nest level of the pinned search_path */
 } SavedUser;
 
 extern SavedUser BecomeOwner(void);

@@ -18,6 +18,9 @@ PG_MODULE_MAGIC;
 int			dwarf_workers = 2;
 int			dwarf_batch_size = 128;
 int			dwarf_shard_id = 0;
+int			dwarf_batch_time = 100;
+int			dwarf_long_step = 250;
+int			dwarf_max_runners = -1;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -72,6 +75,33 @@ _PG_init(void)
 							&dwarf_shard_id,
 							0, 0, 32767,
 							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.batch_time",
+							"Time after which a batch starts no further step.",
+							"The steps it did not start go back to the queue for the next batch.",
+							&dwarf_batch_time,
+							100, 1, 60000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.long_step",
+							"Run time from which a task counts as slow; its steps then run in runner workers.",
+							"A slow task's steps run one per runner and transaction, so that they hold up no other flow. 0 runs every step in the workers.",
+							&dwarf_long_step,
+							250, 0, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.max_runners",
+							"Runner workers that may run slow steps at once, for all databases.",
+							"-1 uses half of max_worker_processes.",
+							&dwarf_max_runners,
+							-1, -1, DWARF_MAX_RUNNERS,
+							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
 

@@ -25,6 +25,9 @@
 extern int	dwarf_workers;
 extern int	dwarf_batch_size;
 extern int	dwarf_shard_id;
+extern int	dwarf_batch_time;
+extern int	dwarf_long_step;
+extern int	dwarf_max_runners;
 
 /* Flow ids are (shard << DWARF_SHARD_SHIFT) | sequence value. */
 #define DWARF_SHARD_SHIFT	48
@@ -112,6 +115,36 @@ typedef struct RunRequest
 	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, input, options (jsonb) */
 } RunRequest;
 
+/*
+ * A runner: a background worker started to run one slow step (runner.c).
+ * The lending worker fills the slot; the runner sets pid, then done once
+ * its step has committed (or it found nothing to run).
+ */
+#define DWARF_MAX_RUNNERS	64
+
+typedef struct DwarfRunnerSlot
+{
+	bool		in_use;			/* under DwarfShared.mutex */
+	Oid			dboid;
+	int			worker;			/* the lender's slot in DwarfShared.workers */
+	int64		flow_id;
+	int32		token_id;
+	TimestampTz lent_at;
+	slock_t		mutex;			/* protects pid and done */
+	pid_t		pid;
+	bool		done;
+} DwarfRunnerSlot;
+
+/* Tasks found slow, for every worker of their database (runner.c). */
+#define DWARF_SLOW_TASKS	256
+
+typedef struct DwarfSlowTask
+{
+	Oid			dboid;			/* InvalidOid: free */
+	Oid			fn;
+	bool		slow;
+} DwarfSlowTask;
+
 typedef struct DwarfShared
 {
 	slock_t		mutex;			/* protects the launcher fields */
@@ -119,6 +152,11 @@ typedef struct DwarfShared
 	bool		rescan;			/* a database created or dropped dwarf */
 
 	DwarfWorkerSlot workers[DWARF_MAX_WORKERS];
+	DwarfRunnerSlot runners[DWARF_MAX_RUNNERS];
+
+	slock_t		slow_mutex;
+	pg_atomic_uint32 slow_epoch;	/* bumped at every change of slow[] */
+	DwarfSlowTask slow[DWARF_SLOW_TASKS];
 
 	/* indexed by pgprocno; sized by MaxBackends + aux processes */
 	int			nprocs;
@@ -140,6 +178,7 @@ extern int	DwarfWorkerOf(int64 flow_id);
 
 extern PGDLLEXPORT void DwarfLauncherMain(Datum arg);
 extern PGDLLEXPORT void DwarfWorkerMain(Datum arg);
+extern PGDLLEXPORT void DwarfRunnerMain(Datum arg);
 extern void DwarfRegisterLauncher(void);
 
 /* ---------- graph.c: definitions, parsed and compiled ---------- */
@@ -196,6 +235,8 @@ typedef struct GraphNode
 	Oid			fn;
 	FmgrInfo	flinfo;			/* set up by GraphPrepareCalls */
 	Oid			may_execute;	/* a role last found to have EXECUTE on fn */
+	uint32		slow_epoch;		/* of DwarfShared.slow_epoch when slow was read */
+	bool		slow;			/* its steps go to runners */
 	bool		fan_in;
 	List	   *edges;			/* outgoing, in definition order */
 } GraphNode;

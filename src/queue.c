@@ -99,6 +99,11 @@ EnqueueRunnable(FlowRun *flow)
 
 		if (token->queued || token->running || token->parked)
 			continue;
+		if (TokenIsLent(flow->id, token->id))
+		{
+			token->running = true;	/* a runner has it */
+			continue;
+		}
 		entry = MemoryContextAlloc(WorkerContext, sizeof(ReadyEntry));
 		entry->flow_id = flow->id;
 		entry->token_id = token->id;
@@ -107,6 +112,7 @@ EnqueueRunnable(FlowRun *flow)
 		entry->due = token->due;
 		entry->fair = GetFairKey(flow->fairness_key);
 		entry->weight = Max(flow->fairness_weight, 1);
+		entry->contended = 0;
 		token->queued = true;
 		if (token->due > now)
 			pairingheap_add(Timers, &entry->ph);

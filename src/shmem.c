@@ -67,6 +67,10 @@ DwarfShmemStartup(void)
 			pg_atomic_init_u64(&slot->batches, 0);
 			pg_atomic_init_u64(&slot->aborted_batches, 0);
 		}
+		for (i = 0; i < DWARF_MAX_RUNNERS; i++)
+			SpinLockInit(&Dwarf->runners[i].mutex);
+		SpinLockInit(&Dwarf->slow_mutex);
+		pg_atomic_init_u32(&Dwarf->slow_epoch, 0);
 		Dwarf->nprocs = DwarfProcCount();
 		p = (char *) Dwarf + MAXALIGN(sizeof(DwarfShared));
 		Dwarf->waiting = (pg_atomic_uint64 *) p;

@@ -515,6 +515,12 @@ LoadFlows(void)
 				failed[nfailed++] = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 				continue;
 			}
+			/*
+			 * A runner reads the flow only to run its one step: resumes and
+			 * closes found on the way are the owning worker's to write.
+			 */
+			if (IsRunner)
+				continue;
 			d = SPI_getbinval(tup, desc, 6, &isnull);
 			if (!isnull)
 				ApplyResume(flow, DatumGetJsonbP(d));
@@ -638,6 +644,7 @@ StoreInit(void)
 	CacheRegisterSyscacheCallback(PROCOID, CallsInvalidated, (Datum) 0);
 	CacheRegisterSyscacheCallback(AUTHOID, CallsInvalidated, (Datum) 0);
 	CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, CallsInvalidated, (Datum) 0);
+	CacheRegisterSyscacheCallback(NAMESPACEOID, CallsInvalidated, (Datum) 0);
 }
 
 /* After a rolled-back transaction: dwarf.step was closed by the abort. */

@@ -23,6 +23,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "commands/prepare.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -30,6 +31,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lock.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/acl.h"
@@ -52,6 +54,7 @@
 #include "worker.h"
 
 DwarfWorkerSlot *MySlot = NULL;
+bool		IsRunner = false;	/* this process is a runner (runner.c) */
 MemoryContext WorkerContext;	/* flows, graphs, queue entries */
 MemoryContext BatchContext;		/* reset after each loop */
 HTAB	   *Flows = NULL;			/* FlowRun by id */
@@ -59,6 +62,38 @@ List	   *ToLoad = NIL;			/* LoadItems */
 bool		FullScan = true;		/* load every running flow of ours */
 
 static bool IsolateNext = false;
+static List *Alone = NIL;		/* ReadyEntries to run one per transaction */
+
+/*
+ * The search_path a task starts with: the database's own (postgresql.conf,
+ * ALTER DATABASE).  The worker's own statements run under a pinned
+ * "pg_catalog, pg_temp", so no name a task's owner controls can stand in
+ * for the functions and operators the worker calls with its rights.
+ */
+static char *TaskSearchPath = NULL;
+
+/* Pins the worker's search_path, remembering the one tasks start with. */
+static void
+PinSearchPath(void)
+{
+	if (TaskSearchPath)
+		pfree(TaskSearchPath);
+	TaskSearchPath = MemoryContextStrdup(TopMemoryContext,
+										 GetConfigOptionResetString("search_path"));
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_SESSION);
+}
+
+/*
+ * Ends what a task can leave behind in the worker's session that a
+ * security-restricted operation does not forbid: prepared statements and
+ * session-level advisory locks.  The next task, of any role, finds none.
+ */
+static void
+EndTaskSession(void)
+{
+	DropAllPreparedStatements();
+	LockReleaseSession(USER_LOCKMETHOD);
+}
 
 /* A runnable token in the ready queue: lower priority first, then FIFO. */
 
@@ -236,11 +271,22 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 		GraphPrepareCalls(graph);
 
 	/*
-	 * The EXECUTE check is remembered per task for the last role that passed
-	 * it: a GRANT, REVOKE or role change invalidates it (see StoreInit).
+	 * A task may call only what its owner could call from a session of its
+	 * own: EXECUTE on the function and USAGE on its schema.  The checks are
+	 * remembered per task for the last role that passed them: a GRANT,
+	 * REVOKE or role change invalidates them (see StoreInit).
 	 */
 	if (node->may_execute != flow->owner)
 	{
+		Oid			nsp = get_func_namespace(node->fn);
+
+		if (pg_namespace_aclcheck(nsp, flow->owner, ACL_USAGE) != ACLCHECK_OK)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied for schema %s of task \"%s\"",
+							get_namespace_name(nsp), node->name),
+					 errdetail("The flow runs as role %s, which has no USAGE on that schema.",
+							   GetUserNameFromId(flow->owner, true))));
 		if (pg_proc_aclcheck(node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -250,9 +296,20 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 		node->may_execute = flow->owner;
 	}
 
+	/*
+	 * The task runs as the flow's owner, the way PostgreSQL runs user code
+	 * on someone else's behalf (index_build, ANALYZE): a security-restricted
+	 * operation (no SET ROLE, no temporary objects, no LISTEN), under a GUC
+	 * nest level that is rolled back when it returns, so nothing it SETs
+	 * outlives the step.  It starts from the database's own search_path,
+	 * not the worker's pinned one.
+	 */
 	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(flow->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SetUserIdAndSecContext(flow->owner,
+						   save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
 	nest = NewGUCNestLevel();
+	(void) set_config_option("search_path", TaskSearchPath, PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 	DwarfCurrentStep = ctx;
 	if (flow->time_budget_ms > 0)
 		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(flow->time_budget_ms, INT_MAX));
@@ -265,8 +322,9 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 	if (flow->time_budget_ms > 0)
 		disable_timeout(STATEMENT_TIMEOUT, false);
 	DwarfCurrentStep = NULL;
-	AtEOXact_GUC(true, nest);
+	AtEOXact_GUC(false, nest);
 	SetUserIdAndSecContext(save_user, save_sec);
+	EndTaskSession();
 
 	if (fcinfo->isnull)
 		return JsonbEmptyObject();
@@ -311,14 +369,44 @@ ErrorDocument(ErrorData *edata, const char *task)
 
 
 
+/* What became of a step RunStep was given. */
+typedef enum StepResult
+{
+	STEP_DONE,					/* ran, and its row is recorded */
+	STEP_BROKEN,				/* an error left the flow half moved on: reload it */
+	STEP_CONTENDED				/* met a lock conflict while sharing: run it alone */
+} StepResult;
+
+/*
+ * Errors that come from sharing a transaction with other steps rather than
+ * from the task: a step that meets one while other steps' locks are held in
+ * its transaction runs again on its own before the error counts as its own.
+ */
+static bool
+IsContention(int sqlerrcode)
+{
+	return sqlerrcode == ERRCODE_T_R_DEADLOCK_DETECTED ||
+		sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE ||
+		sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE;
+}
+
+/*
+ * A step that met a lock conflict runs alone, up to this many times: even
+ * alone, it can be the victim of a deadlock between other workers' batches
+ * (it queues for a row behind them).  Only then is the conflict its own.
+ */
+#define DWARF_CONTENTION_TRIES	5
+
 /*
  * Runs one step.  Isolated, the task and the transition run in a
  * subtransaction, and an error there becomes the step's outcome; otherwise
- * an error aborts the whole batch.  Returns the flow when an error left its
- * memory half moved on (the caller reloads it), else NULL.
+ * an error aborts the whole batch.  With shared (other steps ran before it
+ * in this transaction, or it ran alone fewer than DWARF_CONTENTION_TRIES
+ * times), a lock conflict is not the task's fault: the step is given back
+ * untouched (STEP_CONTENDED) to run alone.
  */
-static FlowRun *
-RunStep(FlowRun *flow, Token *token, bool isolated)
+static StepResult
+RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
@@ -329,7 +417,8 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 	int			node = token->node;
 	int			attempt = token->attempt;
 	volatile bool advancing = false;	/* set in PG_TRY, read in PG_CATCH */
-	FlowRun    *broken = NULL;
+	StepResult	result = STEP_DONE;
+	TimestampTz finished;
 
 	if (attempt == 1)
 		token->first_started = started;
@@ -371,6 +460,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 		DwarfCurrentStep = NULL;
 		if (flow->time_budget_ms > 0)
 			disable_timeout(STATEMENT_TIMEOUT, false);
+		EndTaskSession();
 		if (!isolated)
 			PG_RE_THROW();
 		MemoryContextSwitchTo(cxt);
@@ -382,6 +472,8 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
+		if (shared && !advancing && IsContention(edata->sqlerrcode))
+			return STEP_CONTENDED;
 
 		outcome.kind = OUTCOME_ERROR;
 		outcome.changes = NULL;
@@ -390,15 +482,17 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 		outcome.signal = NULL;
 		outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
 		if (advancing)
-			broken = flow;
+			result = STEP_BROKEN;
 		else
 			FlowAdvance(flow, token, &outcome);
 		pg_atomic_fetch_add_u64(&MySlot->steps_failed, 1);
 	}
 	PG_END_TRY();
 
-	RecordStep(flow, token_id, node, attempt, &outcome, started, GetCurrentTimestamp());
-	return broken;
+	finished = GetCurrentTimestamp();
+	NoteTaskTime(&flow->graph->nodes[node], finished - started);
+	RecordStep(flow, token_id, node, attempt, &outcome, started, finished);
+	return result;
 }
 
 /* ---------- batches ---------- */
@@ -408,28 +502,71 @@ RunStep(FlowRun *flow, Token *token, bool isolated)
 
 
 /*
- * Runs one batch of ready steps in one transaction.  After the commit, the
- * steps' successors are queued, closed flows are dropped from memory, and
- * whoever awaits them is woken.
+ * Flows that something outside changed (cancel, resume, a runner's step)
+ * since *seen: the reload notes that came on our ring while a batch ran.
+ * Their steps still in the batch do not run: the flow is reloaded after
+ * the commit, and a cancelled flow starts no further step.
  */
-static void
-RunBatch(void)
+static bool
+ChangedSince(uint32 *seen, int64 flow_id)
 {
-	bool		isolated = IsolateNext;
-	List	   *volatile batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
-								 : dwarf_batch_size);
-	List	   *broken = NIL;	/* entries whose flow must be reloaded, in
-								 * BatchContext: used after the commit */
-	int			ran = 0;
+	static int64 *changed = NULL;
+	static int	nchanged = 0;
+	int			i;
+
+	if (*seen == 0xFFFFFFFF)	/* a new batch: forget the last one's */
+	{
+		SpinLockAcquire(&MySlot->mutex);
+		*seen = MySlot->tail;
+		SpinLockRelease(&MySlot->mutex);
+		nchanged = 0;
+		return false;
+	}
+	if (MySlot->tail != *seen)	/* unlocked peek; read again under the lock */
+	{
+		if (changed == NULL)
+			changed = MemoryContextAlloc(TopMemoryContext, sizeof(int64) * DWARF_RING_SIZE);
+		SpinLockAcquire(&MySlot->mutex);
+		if (MySlot->tail - *seen > DWARF_RING_SIZE)
+			*seen = MySlot->tail - DWARF_RING_SIZE;
+		for (; *seen != MySlot->tail && nchanged < DWARF_RING_SIZE; (*seen)++)
+		{
+			DwarfNote  *note = &MySlot->ring[*seen % DWARF_RING_SIZE];
+
+			if (note->kind == NOTE_RELOAD_FLOW)
+				changed[nchanged++] = note->flow_id;
+		}
+		SpinLockRelease(&MySlot->mutex);
+	}
+	for (i = 0; i < nchanged; i++)
+		if (changed[i] == flow_id)
+			return true;
+	return false;
+}
+
+/*
+ * Runs steps in one transaction.  After the commit, the steps' successors
+ * are queued, closed flows are dropped from memory, and whoever awaits them
+ * is woken.
+ *
+ * Alone, the batch is one step that met a lock conflict while sharing a
+ * transaction: whatever it meets now is its own.  A batch stops taking
+ * steps once it has run for dwarf.batch_time; the rest go back to the
+ * queue.  A step of a slow task is lent to a runner instead (runner.c).
+ */
+void
+RunEntries(List *batch, bool isolated, bool alone)
+{
+	List	   *volatile broken = NIL;	/* entries whose flow must be
+										 * reloaded, in BatchContext */
+	volatile int ran = 0;
 	int64	   *parked;			/* flows interrupted in this batch */
 	int			nparked = 0;
 	int64	   *closed;
-	int			nclosed = 0;
+	volatile int nclosed = 0;
+	uint32		seen = 0xFFFFFFFF;
+	TimestampTz deadline;
 	ListCell   *lc;
-
-	IsolateNext = false;
-	if (batch == NIL)
-		return;
 
 	parked = palloc(sizeof(int64) * list_length(batch));
 	SetCurrentStatementStartTimestamp();
@@ -438,6 +575,8 @@ RunBatch(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "dwarf: running a batch");
 	PreparePlans();
+	(void) ChangedSince(&seen, 0);
+	deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
 
 	PG_TRY();
 	{
@@ -446,22 +585,42 @@ RunBatch(void)
 			ReadyEntry *entry = lfirst(lc);
 			FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
 			Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
-			FlowRun    *bad;
+			StepResult	result;
 
 			if (token == NULL || flow->status != FLOW_RUNNING)
 				continue;		/* its flow closed or broke earlier in the batch */
-			bad = RunStep(flow, token, isolated);
-			ran++;
+			if (ChangedSince(&seen, flow->id) ||
+				(ran > 0 && GetCurrentTimestamp() > deadline))
+			{
+				token->running = false; /* queued again after the commit */
+				continue;
+			}
+			if (!alone && RunnerLend(flow, token))
+				continue;		/* it stays "running" until the runner is done */
+			result = RunStep(flow, token, isolated,
+							 alone ? entry->contended < DWARF_CONTENTION_TRIES : ran > 0);
 			token = FlowFindToken(flow, entry->token_id);
+			if (result == STEP_CONTENDED)
+			{
+				MemoryContext old = MemoryContextSwitchTo(WorkerContext);
+				ReadyEntry *copy = palloc(sizeof(ReadyEntry));
+
+				memcpy(copy, entry, sizeof(ReadyEntry));
+				copy->contended++;
+				Alone = lappend(Alone, copy);
+				MemoryContextSwitchTo(old);
+				continue;		/* still "running": no one else queues it */
+			}
+			ran++;
 			if (token)
 				token->running = false;
-			if (bad)
+			if (result == STEP_BROKEN)
 			{
 				MemoryContext old = MemoryContextSwitchTo(BatchContext);
 
 				broken = lappend(broken, entry);
 				MemoryContextSwitchTo(old);
-				DropFlow(bad);
+				DropFlow(flow);
 				continue;
 			}
 			if (flow->status != FLOW_RUNNING)
@@ -509,6 +668,8 @@ RunBatch(void)
 			}
 			pfree(entry);
 		}
+		list_free_deep(Alone);	/* they are reloaded too */
+		Alone = NIL;
 		IsolateNext = true;
 		return;
 	}
@@ -540,6 +701,50 @@ RunBatch(void)
 	pgstat_report_stat(false);	/* WAL and commit counters, at most once a second */
 	pg_atomic_fetch_add_u64(&MySlot->batches, 1);
 	list_free_deep(batch);
+}
+
+/*
+ * Runs the next step waiting to run alone, if any.  Returns whether one ran.
+ */
+bool
+RunAloneStep(void)
+{
+	while (Alone != NIL)
+	{
+		ReadyEntry *entry = linitial(Alone);
+		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+
+		Alone = list_delete_first(Alone);
+		/* A reload since gave the flow new tokens, queued as usual. */
+		if (token && token->running && !token->queued && flow->status == FLOW_RUNNING)
+		{
+			RunEntries(list_make1(entry), true, true);
+			return true;
+		}
+		pfree(entry);
+	}
+	return false;
+}
+
+/*
+ * Runs the next batch: a step that must run alone, if one is waiting, else
+ * up to dwarf.batch_size ready steps (fewer when isolated: each then has a
+ * subtransaction).
+ */
+static void
+RunBatch(void)
+{
+	bool		isolated = IsolateNext;
+	List	   *batch;
+
+	IsolateNext = false;
+	if (RunAloneStep())
+		return;
+	batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
+					 : dwarf_batch_size);
+	if (batch != NIL)
+		RunEntries(batch, isolated, false);
 }
 
 /* ---------- notes and the main loop ---------- */
@@ -630,24 +835,15 @@ WorkerShutdown(int code, Datum arg)
 }
 
 /*
- * Entry point of a dwarf worker.  bgw_main_arg is its slot, which the
- * launcher filled with the database and the worker number.
+ * Sets up what a worker (or a runner) keeps for its life: its memory, the
+ * flows and graphs it holds, its queue, and its pinned search_path.
  */
 void
-DwarfWorkerMain(Datum arg)
+WorkerInit(void)
 {
 	HASHCTL		ctl;
 
-	MySlot = &Dwarf->workers[DatumGetInt32(arg)];
-
-	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, die);
-	BackgroundWorkerUnblockSignals();
-	BackgroundWorkerInitializeConnectionByOid(MySlot->dboid, InvalidOid, 0);
-	pgstat_report_appname(psprintf("dwarf worker %d", MySlot->index));
-
-	ExitIfNotInstalled();
-
+	PinSearchPath();
 	WorkerContext = AllocSetContextCreate(TopMemoryContext, "dwarf worker",
 										  ALLOCSET_DEFAULT_SIZES);
 	BatchContext = AllocSetContextCreate(TopMemoryContext, "dwarf batch",
@@ -658,6 +854,26 @@ DwarfWorkerMain(Datum arg)
 	Flows = hash_create("dwarf flows", 1024, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	QueueInit();
 	StoreInit();
+}
+
+/*
+ * Entry point of a dwarf worker.  bgw_main_arg is its slot, which the
+ * launcher filled with the database and the worker number.
+ */
+void
+DwarfWorkerMain(Datum arg)
+{
+	MySlot = &Dwarf->workers[DatumGetInt32(arg)];
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(MySlot->dboid, InvalidOid, 0);
+	pgstat_report_appname(psprintf("dwarf worker %d", MySlot->index));
+
+	ExitIfNotInstalled();
+	WorkerInit();
+	RunnerAdopt();
 
 	before_shmem_exit(WorkerShutdown, (Datum) 0);
 	SpinLockAcquire(&MySlot->mutex);
@@ -671,15 +887,18 @@ DwarfWorkerMain(Datum arg)
 	{
 		List	   *requests = NIL;
 		long		next_timer;
+		long		runner_timer;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			PinSearchPath();
 		}
 
 		MemoryContextSwitchTo(BatchContext);
+		runner_timer = RunnerPoll();
 		(void) DrainNotes(&requests);
 		if (requests != NIL)
 			ProcessRunRequests(requests);
@@ -699,11 +918,13 @@ DwarfWorkerMain(Datum arg)
 		 * the ring: a lock wait inside the transactions above may have
 		 * consumed the latch its sender set.
 		 */
-		if (ToLoad != NIL || MySlot->head != MySlot->tail || MySlot->overflow ||
-			QueueHasRunnable())
+		if (ToLoad != NIL || Alone != NIL || MySlot->head != MySlot->tail ||
+			MySlot->overflow || QueueHasRunnable())
 			continue;
 		if (QueueHasReady())
 			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
+		if (runner_timer >= 0)	/* steps wait for a runner */
+			next_timer = next_timer < 0 ? runner_timer : Min(next_timer, runner_timer);
 
 		/*
 		 * Nothing to run: flush our statistics, then sleep until a note, a

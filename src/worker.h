@@ -31,6 +31,7 @@ typedef struct ReadyEntry
 	struct FairKey *fair;
 	int32		weight;
 	double		vtime;
+	int			contended;		/* lock conflicts it met so far (worker.c) */
 } ReadyEntry;
 
 /* A flow to load: from a note, a run request or a table scan. */
@@ -47,6 +48,18 @@ extern MemoryContext BatchContext;
 extern HTAB *Flows;
 extern List *ToLoad;
 extern bool FullScan;
+
+extern bool IsRunner;
+extern void WorkerInit(void);
+extern void RunEntries(List *batch, bool isolated, bool alone);
+extern bool RunAloneStep(void);
+
+/* runner.c */
+extern bool RunnerLend(FlowRun *flow, Token *token);
+extern long RunnerPoll(void);
+extern void RunnerAdopt(void);
+extern bool TokenIsLent(int64 flow_id, int token_id);
+extern void NoteTaskTime(GraphNode *node, int64 us);
 
 /* queue.c */
 extern int64 ReadyCount;
