@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "catalog/pg_type.h"
+#include "common/int.h"
 #include "executor/spi.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -87,9 +88,17 @@ dwarf_flow_id(PG_FUNCTION_ARGS)
 int64
 IntervalMicros(Interval *span, const char *what)
 {
-	int64		us = span->time + (int64) span->day * USECS_PER_DAY +
-		(int64) span->month * DAYS_PER_MONTH * USECS_PER_DAY;
+	int64		days = (int64) span->month * DAYS_PER_MONTH + span->day;
+	int64		us;
 
+	/* Past the limit, a wake time or deadline would overflow a timestamp. */
+	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
+		pg_add_s64_overflow(us, span->time, &us) ||
+		us > DWARF_MAX_INTERVAL || us < -DWARF_MAX_INTERVAL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERVAL_FIELD_OVERFLOW),
+				 errmsg("%s is out of range", what ? what : "interval"),
+				 errhint("dwarf takes intervals of at most 100 years.")));
 	if (what && us < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -32,6 +32,12 @@ extern int	dwarf_max_runners;
 /* Flow ids are (shard << DWARF_SHARD_SHIFT) | sequence value. */
 #define DWARF_SHARD_SHIFT	48
 
+/* The longest interval dwarf takes (sleep, retry, timeouts): 100 years. */
+#define DWARF_MAX_INTERVAL	(INT64CONST(36525) * USECS_PER_DAY)
+
+/* Most tasks a graph may have. */
+#define DWARF_MAX_TASKS		10000
+
 /* Most subtransactions a batch may open (PGPROC_MAX_CACHED_SUBXIDS is 64). */
 #define DWARF_MAX_ISOLATED_BATCH	60
 

@@ -9,6 +9,8 @@
  */
 #include "postgres.h"
 
+#include "miscadmin.h"
+
 #include "access/htup_details.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_proc.h"
@@ -336,6 +338,12 @@ ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 				v;
 	int			n = 0;
 
+	if (JsonContainerSize(tasks->val.binary.data) > DWARF_MAX_TASKS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("invalid graph definition: %d tasks is more than the %d a graph may have",
+						(int) JsonContainerSize(tasks->val.binary.data), DWARF_MAX_TASKS),
+				 errhint("Split the workflow into graphs that call each other with dwarf.subgraph().")));
 	graph->nodes = palloc0(sizeof(GraphNode) * (JsonContainerSize(tasks->val.binary.data) + 1));
 	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
 	{
@@ -551,6 +559,8 @@ FindPlainCycle(Graph *graph, int node, int *colour, int *path, int depth)
 {
 	ListCell   *lc;
 
+	check_stack_depth();		/* one level per node on the path */
+	CHECK_FOR_INTERRUPTS();
 	colour[node] = 1;
 	path[depth] = node;
 	foreach(lc, graph->nodes[node].edges)

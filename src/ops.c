@@ -81,11 +81,17 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 
 	saved = BecomeOwner();
 	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
-		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING status",
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id",
 		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
 	if (SPI_processed == 1)
 	{
 		uint64		i;
+		bool		isnull;
+		Datum		parent = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		/* A parent waiting in dwarf.subgraph runs its task again, and sees why. */
+		if (!isnull)
+			NoteOnCommit(DatumGetInt64(parent), NOTE_RELOAD_FLOW, false);
 
 		/* Child flows started by dwarf.subgraph go with their parent. */
 		Exec("WITH RECURSIVE tree AS ("
@@ -366,16 +372,20 @@ dwarf_delete(PG_FUNCTION_ARGS)
 		 "  SELECT $1::bigint AS id"
 		 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id),"
 		 " steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))"
-		 " DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id",
+		 " DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id, parent_id",
 		 1, types, args, NULL, SPI_OK_DELETE_RETURNING);
 	RestoreUser(saved);
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+		Datum		parent = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull);
 
-		NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-												 SPI_tuptable->tupdesc, 1, &isnull)),
-					 NOTE_RELOAD_FLOW, true);
+		NoteOnCommit(id, NOTE_RELOAD_FLOW, true);
+		/* The flow asked for was a child: its parent stops waiting for it. */
+		if (id == flow_id && !isnull)
+			NoteOnCommit(DatumGetInt64(parent), NOTE_RELOAD_FLOW, false);
 	}
 	SPI_finish();
 	PG_RETURN_VOID();

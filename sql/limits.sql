@@ -1,0 +1,75 @@
+--
+-- limits: inputs past dwarf's documented limits get a clear error, never a
+-- crash, and a parent never waits for a child that was cancelled or deleted.
+--
+\set VERBOSITY terse
+CREATE SCHEMA lim;
+CREATE FUNCTION lim.noop(s jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+
+-- A chain of 80,000 tasks: more than a graph may have.
+SELECT dwarf.validate(jsonb_build_object(
+	'tasks', (SELECT jsonb_object_agg('t' || g, 'lim.noop') FROM generate_series(1, 80000) g),
+	'transitions', jsonb_build_array(jsonb_build_object('chain',
+		(SELECT jsonb_agg('t' || g ORDER BY g) FROM generate_series(1, 80000) g)))));
+-- 10,000 is allowed, and a long chain is checked without running out of stack.
+SELECT jsonb_array_length(dwarf.validate(jsonb_build_object(
+	'tasks', (SELECT jsonb_object_agg('t' || g, 'lim.noop') FROM generate_series(1, 10000) g),
+	'transitions', jsonb_build_array(jsonb_build_object('chain',
+		(SELECT jsonb_agg('t' || g ORDER BY g) FROM generate_series(1, 10000) g)))))->'transitions')
+  > 0 AS validated;
+
+-- Intervals past 100 years: a sleep that would overflow its wake time fails
+-- the step with a clear error instead of waking at once.
+CREATE FUNCTION lim.long_sleep(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN PERFORM dwarf.sleep('106751990 days'); RETURN '{}'; END $$;
+SELECT dwarf.define('lim_sleep', '{"tasks": {"A": "lim.long_sleep"}}');
+SELECT status, error FROM dwarf.run('lim_sleep', '{}');
+SELECT * FROM dwarf.await(1, '2147483647 days 2562047788 hours');
+SELECT * FROM dwarf.run('lim_sleep', '{}', timeout => '-1 s');
+
+-- A child cancelled (or deleted) while its parent waits in dwarf.subgraph:
+-- the parent's task runs again and learns it.
+CREATE FUNCTION lim.nap(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN PERFORM dwarf.sleep('1 hour'); RETURN '{}'; END $$;
+CREATE FUNCTION lim.call_child(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN RETURN coalesce(dwarf.subgraph('lim_child', '{}'), '{}'); END $$;
+SELECT dwarf.define('lim_child', '{"tasks": {"Nap": "lim.nap", "After": "lim.noop"},
+  "transitions": [{"from": "Nap", "to": "After"}]}');
+SELECT dwarf.define('lim_parent', '{"tasks": {"Call": "lim.call_child"}}');
+CREATE TABLE lim.ids (what text, id bigint);
+CREATE FUNCTION lim.start_and_find_child() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	parent bigint;
+BEGIN
+	SELECT flow_id INTO parent FROM dwarf.run('lim_parent', '{}', timeout => '100 ms');
+	INSERT INTO lim.ids VALUES ('parent', parent);
+	FOR i IN 1..200 LOOP		-- the parent's step starts the child
+		INSERT INTO lim.ids SELECT 'child', id FROM dwarf.flow WHERE parent_id = parent;
+		EXIT WHEN FOUND;
+		PERFORM pg_sleep(0.05);
+	END LOOP;
+END $$;
+SELECT lim.start_and_find_child();
+SELECT status FROM dwarf.await((SELECT id FROM lim.ids WHERE what = 'parent'), '100 ms');
+SELECT dwarf.cancel((SELECT id FROM lim.ids WHERE what = 'child'), 'not needed');
+SELECT status, error LIKE 'subgraph "lim_child" (flow % cancelled: cancelled' AS says_why
+  FROM dwarf.await((SELECT id FROM lim.ids WHERE what = 'parent'), '10 s');
+
+-- The same when the child is deleted: the task runs again and starts a new
+-- child (the old one is gone); the parent does not wait for the deleted one.
+DELETE FROM lim.ids;
+SELECT lim.start_and_find_child();
+SELECT dwarf.delete((SELECT id FROM lim.ids WHERE what = 'child'));
+DO $$
+BEGIN
+	FOR i IN 1..200 LOOP
+		PERFORM 1 FROM dwarf.flow
+		 WHERE parent_id = (SELECT id FROM lim.ids WHERE what = 'parent')
+		   AND id <> (SELECT id FROM lim.ids WHERE what = 'child');
+		EXIT WHEN FOUND;
+		PERFORM pg_sleep(0.05);
+	END LOOP;
+END $$;
+SELECT count(*) AS new_children FROM dwarf.flow
+ WHERE parent_id = (SELECT id FROM lim.ids WHERE what = 'parent')
+   AND id <> (SELECT id FROM lim.ids WHERE what = 'child');
