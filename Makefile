@@ -8,6 +8,7 @@ OBJS = \
 	src/launcher.o \
 	src/worker.o \
 	src/runner.o \
+	src/crashes.o \
 	src/queue.o \
 	src/store.o \
 	src/graph.o \

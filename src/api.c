@@ -100,7 +100,18 @@ DwarfXactCallback(XactEvent event, void *arg)
 					SetLatch(Dwarf->workers[i].latch);
 		}
 	}
+	/*
+	 * The notes would have to wait for COMMIT PREPARED, which may come from
+	 * another session, after a restart: refuse, as PostgreSQL does for
+	 * LISTEN or temporary tables.
+	 */
+	if (event == XACT_EVENT_PRE_PREPARE && (PendingNotes != NIL || PendingRescan))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot PREPARE a transaction that created, cancelled, resumed or deleted dwarf flows"),
+				 errhint("Commit it instead: a flow starts when its transaction commits.")));
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PREPARE ||
 		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT)
 	{
 		PendingNotes = NIL;

@@ -21,6 +21,7 @@ int			dwarf_shard_id = 0;
 int			dwarf_batch_time = 100;
 int			dwarf_long_step = 250;
 int			dwarf_max_runners = -1;
+int			dwarf_step_crashes = 3;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -44,13 +45,23 @@ dwarf_shmem_startup(void)
 }
 
 /*
- * Defines the settings and, when preloaded, hooks shared memory and registers
- * the launcher.  Loaded any other way, the SQL functions still work but no
- * flow runs; dwarf.create and dwarf.run say so.
+ * Defines the settings, hooks shared memory and registers the launcher.
+ * dwarf works only when preloaded.
  */
 void
 _PG_init(void)
 {
+	/*
+	 * Its settings include one that only the postmaster may set, which
+	 * PostgreSQL refuses to define later (with a FATAL error): say why
+	 * instead.
+	 */
+	if (!process_shared_preload_libraries_in_progress)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dwarf must be loaded by shared_preload_libraries"),
+				 errhint("Add dwarf to shared_preload_libraries in postgresql.conf and restart the server.")));
+
 	DefineCustomIntVariable("dwarf.workers",
 							"Background workers that run flows, per database.",
 							NULL,
@@ -105,12 +116,18 @@ _PG_init(void)
 							0,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("dwarf.step_crashes",
+							"Times a step may end the process running it before it fails.",
+							"After the first, the step runs in a runner, where it can take no other flow down.",
+							&dwarf_step_crashes,
+							3, 1, 100,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("dwarf");
 
 	RegisterXactCallback(DwarfXactCallback, NULL);
-
-	if (!process_shared_preload_libraries_in_progress)
-		return;
 
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = dwarf_shmem_request;

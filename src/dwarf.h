@@ -28,6 +28,7 @@ extern int	dwarf_shard_id;
 extern int	dwarf_batch_time;
 extern int	dwarf_long_step;
 extern int	dwarf_max_runners;
+extern int	dwarf_step_crashes;
 
 /* Flow ids are (shard << DWARF_SHARD_SHIFT) | sequence value. */
 #define DWARF_SHARD_SHIFT	48

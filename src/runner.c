@@ -207,7 +207,14 @@ RunnerLend(FlowRun *flow, Token *token)
 	MemoryContext old;
 	Lent	   *lent;
 
-	if (IsRunner || MaxRunners() == 0 || !OidIsValid(node->fn) || !TaskIsSlow(node))
+	int			crashes = CrashesOf(flow->id, token->id);
+
+	/*
+	 * A step that ended its process before runs in a runner, until it has
+	 * done so too often: then the worker fails it (CallTask).
+	 */
+	if (IsRunner || MaxRunners() == 0 || !OidIsValid(node->fn) ||
+		crashes >= dwarf_step_crashes || (crashes == 0 && !TaskIsSlow(node)))
 		return false;
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	lent = palloc0(sizeof(Lent));
@@ -250,9 +257,12 @@ RunnerFinished(Lent *lent)
 	if (!done && !gone)
 		return false;
 	if (!done)
+	{
 		ereport(LOG,
-				(errmsg("dwarf: the runner of a step of flow " INT64_FORMAT " ended before it was done; the step runs again",
+				(errmsg("dwarf: the runner of a step of flow " INT64_FORMAT " ended before it was done",
 						lent->flow_id)));
+		CrashesRunnerDied(lent->runner);
+	}
 	return true;
 }
 
@@ -371,6 +381,7 @@ DwarfRunnerMain(Datum arg)
 	IsRunner = true;
 	MySlot = &Dwarf->workers[slot->worker];
 	WorkerInit();
+	CrashesInitRunner(DatumGetInt32(arg));
 	FullScan = false;
 	NoteLoad(slot->flow_id, true);
 	LoadFlows();

@@ -269,6 +269,13 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 				 errmsg("function %s of task \"%s\" does not exist", node->fn_name, node->name)));
 	if (!graph->prepared)
 		GraphPrepareCalls(graph);
+	if (CrashesOf(flow->id, token->id) >= dwarf_step_crashes)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("task \"%s\" ended the process running it %d times; it is not run again",
+						node->name, CrashesOf(flow->id, token->id)),
+				 errhint("See the server log for how it ended. dwarf.step_crashes sets how many times are allowed.")));
+	CrashesNoteStep(flow->id, token->id);
 
 	/*
 	 * A task may call only what its owner could call from a session of its
@@ -418,6 +425,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 	int			attempt = token->attempt;
 	volatile bool advancing = false;	/* set in PG_TRY, read in PG_CATCH */
 	StepResult	result = STEP_DONE;
+	volatile TimestampTz returned = 0; /* when the task returned, if it did */
 	TimestampTz finished;
 
 	if (attempt == 1)
@@ -427,6 +435,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 	PG_TRY();
 	{
 		outcome.changes = CallTask(flow, token, &ctx);
+		returned = GetCurrentTimestamp();
 		outcome.kind = ctx.interrupted ? OUTCOME_INTERRUPT :
 			ctx.waiting_child ? OUTCOME_WAITING :
 			ctx.retry ? OUTCOME_RETRY : OUTCOME_OK;
@@ -443,7 +452,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 		}
 		if (outcome.kind == OUTCOME_OK || outcome.kind == OUTCOME_RETRY)
 			if (ctx.retry || ctx.delay_us > 0)
-				outcome.wake_at = GetCurrentTimestamp() + ctx.delay_us;
+				outcome.wake_at = returned + ctx.delay_us;	/* from the step's end */
 		advancing = true;
 		FlowAdvance(flow, token, &outcome);
 		if (isolated)
@@ -489,7 +498,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 	}
 	PG_END_TRY();
 
-	finished = GetCurrentTimestamp();
+	finished = returned ? returned : GetCurrentTimestamp();
 	NoteTaskTime(&flow->graph->nodes[node], finished - started);
 	RecordStep(flow, token_id, node, attempt, &outcome, started, finished);
 	return result;
@@ -635,11 +644,13 @@ RunEntries(List *batch, bool isolated, bool alone)
 		PopActiveSnapshot();
 		SPI_finish();
 		CommitTransactionCommand();
+		CrashesNoteStep(0, 0);
 	}
 	PG_CATCH();
 	{
 		ErrorData  *edata;
 
+		CrashesNoteStep(0, 0);
 		MemoryContextSwitchTo(BatchContext);
 		edata = CopyErrorData();
 		FlushErrorState();
@@ -873,6 +884,7 @@ DwarfWorkerMain(Datum arg)
 
 	ExitIfNotInstalled();
 	WorkerInit();
+	CrashesInitWorker();
 	RunnerAdopt();
 
 	before_shmem_exit(WorkerShutdown, (Datum) 0);

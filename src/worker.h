@@ -61,6 +61,13 @@ extern void RunnerAdopt(void);
 extern bool TokenIsLent(int64 flow_id, int token_id);
 extern void NoteTaskTime(GraphNode *node, int64 us);
 
+/* crashes.c */
+extern void CrashesInitWorker(void);
+extern void CrashesInitRunner(int runner);
+extern void CrashesNoteStep(int64 flow_id, int token_id);
+extern void CrashesRunnerDied(int runner);
+extern int	CrashesOf(int64 flow_id, int token_id);
+
 /* queue.c */
 extern int64 ReadyCount;
 extern void QueueInit(void);
