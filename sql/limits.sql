@@ -73,3 +73,13 @@ END $$;
 SELECT count(*) AS new_children FROM dwarf.flow
  WHERE parent_id = (SELECT id FROM lim.ids WHERE what = 'parent')
    AND id <> (SELECT id FROM lim.ids WHERE what = 'child');
+
+-- A task that starts a subgraph of its own graph, unconditionally: the
+-- recursion stops at 32 levels, and every level fails with the reason.
+CREATE FUNCTION lim.recurse(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN RETURN coalesce(dwarf.subgraph('lim_rec', '{}'), '{}'); END $$;
+SELECT dwarf.define('lim_rec', '{"tasks": {"R": "lim.recurse"}}');
+SELECT status, error LIKE '%subgraph "lim_rec" would nest flows more than 32 deep' AS says_why
+  FROM dwarf.run('lim_rec', '{}', timeout => '60 s');
+SELECT f.status, count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+ WHERE g.name = 'lim_rec' GROUP BY 1;

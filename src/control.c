@@ -266,6 +266,21 @@ dwarf_subgraph(PG_FUNCTION_ARGS)
 		bool		is_new;
 		int64		child;
 
+		/* Each child is one level deeper than its parent: bounded. */
+		if (SPI_execute_with_args("WITH RECURSIVE up AS ("
+								  "  SELECT parent_id FROM dwarf.flow WHERE id = $1"
+								  "  UNION ALL SELECT f.parent_id FROM dwarf.flow f"
+								  "   JOIN up ON f.id = up.parent_id)"
+								  " SELECT count(parent_id) FROM up",
+								  1, types, args, NULL, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not count the parents of flow " INT64_FORMAT, flow->id);
+		if (DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))
+			>= DWARF_MAX_DEPTH)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("subgraph \"%s\" would nest flows more than %d deep", graph,
+							DWARF_MAX_DEPTH),
+					 errhint("A task that starts a subgraph of its own graph needs a condition that ends the recursion.")));
 		if (SPI_execute_with_args("SELECT max(id) FROM dwarf.graph WHERE name = $1",
 								  1, gtypes, gargs, NULL, true, 1) != SPI_OK_SELECT)
 			elog(ERROR, "dwarf: could not look up graph \"%s\"", graph);

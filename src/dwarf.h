@@ -36,6 +36,9 @@ extern int	dwarf_step_crashes;
 /* The longest interval dwarf takes (sleep, retry, timeouts): 100 years. */
 #define DWARF_MAX_INTERVAL	(INT64CONST(36525) * USECS_PER_DAY)
 
+/* How deep dwarf.subgraph may nest flows (the root is depth 0). */
+#define DWARF_MAX_DEPTH		32
+
 /* Most tasks a graph may have. */
 #define DWARF_MAX_TASKS		10000
 

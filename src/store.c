@@ -62,6 +62,7 @@ static SPIPlanPtr DeleteFlowPlan = NULL;
 static SPIPlanPtr ParkAncestorsPlan = NULL;
 static SPIPlanPtr ResumedPlan = NULL;
 static SPIPlanPtr FailFlowPlan = NULL;
+static SPIPlanPtr OrphanPlan = NULL;
 static SPIPlanPtr ChildClosedPlan = NULL;
 
 /* Prepares the worker's statements once; they stay for the worker's life. */
@@ -86,8 +87,10 @@ PreparePlans(void)
 		"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage,"
 		" fairness_key, fairness_weight,"
 		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task,"
-		" parent_id"
-		" FROM dwarf.flow WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
+		" parent_id,"
+		" parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id"
+		"  AND p.status IN ('running', 'interrupted'))"
+		" FROM dwarf.flow f WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
 		1, ids_type);
 	ScanFlowsPlan = PrepareKept(
 		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
@@ -120,6 +123,11 @@ PreparePlans(void)
 	ChildClosedPlan = PrepareKept(
 		"SELECT NOT EXISTS (SELECT 1 FROM dwarf.flow WHERE id = $1"
 		" AND status IN ('running', 'interrupted'))",
+		1, int8_type);
+	OrphanPlan = PrepareKept(
+		"UPDATE dwarf.flow SET status = 'cancelled', finished_at = clock_timestamp(),"
+		" cancel_reason = 'parent flow ' || parent_id || ' is gone or closed'"
+		" WHERE id = $1 AND status IN ('running', 'interrupted')",
 		1, int8_type);
 	FailFlowPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = clock_timestamp()"
@@ -371,6 +379,18 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	int			start;
 	MemoryContext old;
 
+	/*
+	 * A child whose parent was cancelled (or deleted) before the child was
+	 * committed missed the cancel's cascade: it goes the same way now.
+	 */
+	if (DatumGetBool(SPI_getbinval(tup, desc, 14, &isnull)))
+	{
+		Datum		arg = Int64GetDatum(id);
+
+		if (SPI_execute_plan(OrphanPlan, &arg, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "dwarf: could not cancel orphaned flow " INT64_FORMAT, id);
+		return NULL;
+	}
 	if (graph == NULL)
 	{
 		/*
