@@ -12,6 +12,11 @@ BEGIN
 	PERFORM pg_sleep(2);
 	RETURN '{"slow": true}';
 END $$;
+CREATE FUNCTION api.boom(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'boom';
+END $$;
+SELECT dwarf.define('api_boom', '{"tasks": {"A": "api.boom"}}');
 SELECT dwarf.define('api_quick', '{"tasks": {"A": "api.a", "B": "api.b"},
   "transitions": [{"from": "A", "to": "B"}]}');
 SELECT dwarf.define('api_slow', '{"tasks": {"A": "api.a", "Slow": "api.slow", "B": "api.b"},
@@ -88,13 +93,21 @@ SELECT status, state FROM dwarf.await(:p_id, '30 s');
 SELECT status FROM dwarf.run('api_quick', '{"tag": "prio run"}', priority => -3);
 SELECT input->>'tag' AS tag, priority FROM dwarf.flow WHERE input->>'tag' LIKE 'prio%' ORDER BY 1;
 
+-- dwarf.run in REPEATABLE READ reports what the flow came to
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT count(*) > 0 AS snapshot_taken FROM dwarf.flow;
+SELECT status, state->>'tag' AS tag FROM dwarf.run('api_quick', '{"tag": "rr"}');
+SELECT status, error FROM dwarf.run('api_boom', '{}');
+ROLLBACK;
+
 -- A slow flow: await with a short timeout returns it running, without error
 SELECT dwarf.create('api_slow', '{"tag": "slow"}') AS s_id \gset
 SELECT flow_id = :s_id AS same_id, status, state, error FROM dwarf.await(:s_id, '100 ms');
 SELECT status, state FROM dwarf.await(:s_id, '0 s');
--- await in REPEATABLE READ cannot see the flow end: an error
+-- await in REPEATABLE READ reads the flow as it is now, not as the
+-- transaction's snapshot saw it
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT status FROM dwarf.await(:s_id, '1 s');
+SELECT status FROM dwarf.await(:s_id, '0 s');
 ROLLBACK;
 -- the snapshot of a running flow: its state so far
 SELECT api.wait_for_step(:s_id, 'A');

@@ -83,3 +83,14 @@ SELECT status, error LIKE '%subgraph "lim_rec" would nest flows more than 32 dee
   FROM dwarf.run('lim_rec', '{}', timeout => '60 s');
 SELECT f.status, count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
  WHERE g.name = 'lim_rec' GROUP BY 1;
+
+-- A task may not wait for another flow with dwarf.run or dwarf.await (it
+-- would hold its worker, which may be the one to run the other flow).
+CREATE FUNCTION lim.nested_run(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN PERFORM dwarf.run('lim_rec', '{}'); RETURN '{}'; END $$;
+CREATE FUNCTION lim.nested_await(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN PERFORM dwarf.await(dwarf.flow_id(), '1 s'); RETURN '{}'; END $$;
+SELECT dwarf.define('lim_nested_run', '{"tasks": {"A": "lim.nested_run"}}');
+SELECT dwarf.define('lim_nested_await', '{"tasks": {"A": "lim.nested_await"}}');
+SELECT status, error FROM dwarf.run('lim_nested_run', '{}');
+SELECT status, error FROM dwarf.run('lim_nested_await', '{}');

@@ -30,6 +30,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/numeric.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
@@ -564,9 +565,19 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	int			i;
 	bool		closed = false;
 
-	ExecKept(&plan, "SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin"
-			 " FROM dwarf.flow WHERE id = $1",
-			 1, types, args, SPI_OK_SELECT);
+	/*
+	 * Read with a snapshot taken now, not the transaction's: in REPEATABLE
+	 * READ or SERIALIZABLE that would never see the flow end (nor, for
+	 * dwarf.run, the flow at all).  Only this read sees further; the
+	 * caller's own queries keep their snapshot.
+	 */
+	if (plan == NULL)
+		plan = PrepareKept("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin"
+						   " FROM dwarf.flow WHERE id = $1", 1, types);
+	PushActiveSnapshot(GetLatestSnapshot());
+	if (SPI_execute_plan(plan, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
+	PopActiveSnapshot();
 	if (SPI_processed == 0 && existed)
 	{
 		/* Deleted on completion: its outcome is gone with it. */
@@ -633,12 +644,6 @@ AwaitFlow(int64 flow_id, int64 timeout_ms, Datum *values, bool *nulls, bool exis
 			if (ReadOutcome(flow_id, values, nulls, first, existed))
 				break;
 			existed = true;
-			if (first && IsolationUsesXactSnapshot())
-				ereport(ERROR,
-						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("dwarf.await cannot wait in a REPEATABLE READ or SERIALIZABLE transaction"),
-						 errdetail("Its snapshot would never see the flow end."),
-						 errhint("Call it in a READ COMMITTED transaction.")));
 			first = false;
 			remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
 			if (remaining <= 0)
@@ -677,9 +682,18 @@ dwarf_await(PG_FUNCTION_ARGS)
 	Datum		values[6];
 	bool		nulls[6];
 
+	int64		timeout_ms;
+
 	CheckNotNull(fcinfo, 0, "flow_id");
 	CheckNotNull(fcinfo, 1, "timeout");
-	AwaitFlow(PG_GETARG_INT64(0), IntervalMicros(PG_GETARG_INTERVAL_P(1), "timeout") / 1000, values, nulls, false);
+	timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(1), "timeout") / 1000;
+	if (DwarfCurrentStep != NULL && timeout_ms > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dwarf.await cannot wait inside a dwarf task"),
+				 errdetail("The task would hold its worker while it waits."),
+				 errhint("Use a timeout of 0 to read the flow's status, or dwarf.subgraph() to run a flow and wait for it.")));
+	AwaitFlow(PG_GETARG_INT64(0), timeout_ms, values, nulls, false);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }
 
@@ -816,14 +830,30 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 				ereport(ERROR,
 						(errcode(ERRCODE_CONNECTION_FAILURE),
 						 errmsg("the dwarf worker exited before creating the flow")));
+			/*
+			 * Past the deadline, give up only on a request no worker has
+			 * taken yet.  A taken one is being committed: wait for its
+			 * answer, so that no flow is created behind an error.
+			 */
 			if (GetCurrentTimestamp() >= deadline)
-				ereport(ERROR,
-						(errcode(ERRCODE_QUERY_CANCELED),
-						 errmsg("dwarf.run timed out before the engine created the flow"),
-						 errhint("The workers of this database may be overloaded or stuck; see dwarf.stats.")));
+			{
+				bool		abandoned;
+
+				SpinLockAcquire(&req->mutex);
+				abandoned = req->state == REQ_SUBMITTED;
+				if (abandoned)
+					req->state = REQ_ABANDONED;
+				SpinLockRelease(&req->mutex);
+				if (abandoned)
+					ereport(ERROR,
+							(errcode(ERRCODE_QUERY_CANCELED),
+							 errmsg("dwarf.run timed out before the engine created the flow"),
+							 errdetail("No flow was created."),
+							 errhint("The workers of this database may be overloaded or stuck; see dwarf.stats.")));
+			}
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 Min(1000, Max(1, TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-																		 deadline))),
+							 Min(1000, Max(10, TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+																		  deadline))),
 							 PG_WAIT_EXTENSION);
 			ResetLatch(MyLatch);
 			CHECK_FOR_INTERRUPTS();
@@ -870,6 +900,12 @@ dwarf_run(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 1, "input");
 	CheckNotNull(fcinfo, 2, "timeout");
 	CheckNotNull(fcinfo, 3, "priority");
+	if (DwarfCurrentStep != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dwarf.run cannot be called inside a dwarf task"),
+				 errdetail("The task would hold its worker while it waits, and the worker may be the one to run the new flow."),
+				 errhint("Use dwarf.subgraph() to run a flow and wait for it without holding a worker, or dwarf.create() to start one.")));
 	timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(2), "timeout") / 1000;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),

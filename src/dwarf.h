@@ -245,6 +245,7 @@ typedef struct GraphNode
 	Oid			fn;
 	FmgrInfo	flinfo;			/* set up by GraphPrepareCalls */
 	Oid			may_execute;	/* a role last found to have EXECUTE on fn */
+	uint32		fn_hash;		/* fn's PROCOID syscache hash, for invalidations */
 	uint32		slow_epoch;		/* of DwarfShared.slow_epoch when slow was read */
 	bool		slow;			/* its steps go to runners */
 	bool		fan_in;
@@ -263,6 +264,7 @@ typedef struct Graph
 	Reducer    *reducers;
 	MemoryContext cxt;
 	bool		prepared;		/* FmgrInfos set up, EXECUTE checks valid */
+	MemoryContext calls_cxt;	/* what the FmgrInfos keep */
 } Graph;
 
 extern Graph *GraphParse(Jsonb *definition, MemoryContext cxt, bool strict);
@@ -270,6 +272,7 @@ extern Jsonb *GraphNormalized(Graph *graph, Jsonb *definition);
 extern Reducer *ReducersParse(JsonbValue *reducers, int *nreducers);
 extern Reducer *ReducersFromJsonb(Jsonb *reducers, int *nreducers);
 extern void GraphPrepareCalls(Graph *graph);
+extern bool GraphCallsFunction(Graph *graph, uint32 hashvalue);
 extern int	GraphNodeByName(Graph *graph, const char *name);
 extern Edge *GraphGotoEdge(Graph *graph, int from, int to);
 

@@ -789,13 +789,44 @@ GraphPrepareCalls(Graph *graph)
 {
 	int			i;
 
+	/*
+	 * What the calls keep (a SQL function's plans, say) lives in a context
+	 * of its own, emptied when they are set up again: memory does not grow
+	 * with every CREATE FUNCTION.
+	 */
+	if (graph->calls_cxt == NULL)
+		graph->calls_cxt = AllocSetContextCreate(graph->cxt, "dwarf task calls",
+												 ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(graph->calls_cxt);
 	for (i = 0; i < graph->nnodes; i++)
 	{
-		graph->nodes[i].may_execute = InvalidOid;
-		if (OidIsValid(graph->nodes[i].fn))
-			fmgr_info_cxt(graph->nodes[i].fn, &graph->nodes[i].flinfo, graph->cxt);
+		GraphNode  *node = &graph->nodes[i];
+
+		node->may_execute = InvalidOid;
+		if (!OidIsValid(node->fn))
+			continue;
+		fmgr_info_cxt(node->fn, &node->flinfo, graph->calls_cxt);
+		node->fn_hash = GetSysCacheHashValue1(PROCOID, ObjectIdGetDatum(node->fn));
 	}
 	graph->prepared = true;
+}
+
+/*
+ * Does a change to pg_proc with this syscache hash touch one of the graph's
+ * functions?  (0: any change.)
+ */
+bool
+GraphCallsFunction(Graph *graph, uint32 hashvalue)
+{
+	int			i;
+
+	if (hashvalue == 0)
+		return true;
+	for (i = 0; i < graph->nnodes; i++)
+		if (graph->nodes[i].fn_hash == hashvalue)
+			return true;
+	return false;
 }
 
 Edge *

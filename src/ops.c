@@ -174,6 +174,10 @@ dwarf_resume(PG_FUNCTION_ARGS)
 		 " SELECT tree.id FROM tree JOIN dwarf.flow f USING (id)"
 		 " WHERE f.status = 'interrupted' ORDER BY depth DESC LIMIT 1",
 		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)		/* another resume (or a cancel) came first */
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("flow " INT64_FORMAT " was resumed or cancelled meanwhile", flow_id)));
 	target = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	upargs[0] = args[0];
 	upargs[1] = Int64GetDatum(target);

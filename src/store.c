@@ -188,7 +188,8 @@ CallsInvalidated(Datum arg, int cacheid, uint32 hashvalue)
 		return;
 	hash_seq_init(&status, Graphs);
 	while ((entry = hash_seq_search(&status)) != NULL)
-		if (entry->graph)
+		if (entry->graph &&
+			(cacheid != PROCOID || GraphCallsFunction(entry->graph, hashvalue)))
 			entry->graph->prepared = false;
 }
 
