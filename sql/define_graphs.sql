@@ -135,8 +135,14 @@ SELECT dwarf.define('dg_bad', '{"tasks": {"A": "dg.a"},
   "transitions": [{"from": "A", "to": "END", "goto": true}]}');
 -- invalid graph names
 SELECT dwarf.define('', '{"tasks": {"A": "dg.a"}}');
-SELECT dwarf.define('has space', '{"tasks": {"A": "dg.a"}}');
-SELECT dwarf.define('semi;colon', '{"tasks": {"A": "dg.a"}}');
+SELECT dwarf.define(' leading space', '{"tasks": {"A": "dg.a"}}');
+SELECT dwarf.define('trailing space ', '{"tasks": {"A": "dg.a"}}');
+SELECT dwarf.define(E'tab\there', '{"tasks": {"A": "dg.a"}}');
+SELECT dwarf.define(E'new\nline', '{"tasks": {"A": "dg.a"}}');
+-- any printable name up to 63 bytes is fine, as for a PostgreSQL identifier
+SELECT dwarf.define('dg has space; semi', '{"tasks": {"A": "dg.a"}}');
+SELECT dwarf.define('dg_ünïcödé_日本語', '{"tasks": {"A": "dg.a"}}');
+SELECT dwarf.define(repeat('é', 32), '{"tasks": {"A": "dg.a"}}');
 SELECT dwarf.define(repeat('x', 64), '{"tasks": {"A": "dg.a"}}');
 SELECT count(*) AS bad_versions FROM dwarf.graph WHERE name = 'dg_bad';
 -- validate rejects the same way, without a name

@@ -129,7 +129,7 @@ SELECT status, state->'up' AS up, state->'items' AS items,
   FROM dwarf.run('tr_each_rewrite', '{"items": ["a", "b"]}');
 -- "as" names the element, and <as>Index / <as>Count follow it
 CREATE FUNCTION tr.each_as(s jsonb) RETURNS jsonb LANGUAGE sql AS $$
-	SELECT jsonb_build_object('seen', jsonb_build_array(s->'order', s->'orderIndex', s->'orderCount'),
+	SELECT jsonb_build_object('seen', jsonb_build_array(jsonb_build_array(s->'order', s->'orderIndex', s->'orderCount')),
 							  'has_item', s ? 'item')
 $$;
 SELECT dwarf.define('tr_each_as', '{"tasks": {"A": "tr.a", "W": "tr.each_as", "J": "tr.j"},

@@ -11,6 +11,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "access/htup_details.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_authid.h"
@@ -19,6 +20,7 @@
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "funcapi.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/proc.h"
@@ -249,20 +251,45 @@ CheckInput(Jsonb *input)
 				 errmsg("flow input must be a JSON object")));
 }
 
-/* A new flow id: this shard's number above the sequence's value. */
+/*
+ * The functions that write flows say so on a standby, instead of failing
+ * in the middle with PostgreSQL's "read-only transaction" errors.
+ */
+void
+CheckNotStandby(const char *function)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("%s cannot run on a standby server", function),
+				 errdetail("dwarf writes flows only on the primary; this server is in recovery."),
+				 errhint("Connect to the primary to create or change flows; a standby can read them.")));
+}
+
+/*
+ * A new flow id: this shard's number, the low bits of the WAL timeline, and
+ * the sequence's value.  The timeline changes at every promotion, so a
+ * standby promoted after an asynchronous failover never hands out again an
+ * id (nor a dwarf.step_key()) that the lost primary had given out.
+ */
 int64
 NewFlowId(void)
 {
-	SavedUser	saved = BecomeOwner();
-	Oid			seq = get_relname_relid("flow_seq", get_namespace_oid("dwarf", false));
-	int64		value = DatumGetInt64(DirectFunctionCall1(nextval_oid, ObjectIdGetDatum(seq)));
+	SavedUser	saved;
+	Oid			seq;
+	int64		value;
 
+	CheckNotStandby("dwarf");
+	saved = BecomeOwner();
+	seq = get_relname_relid("flow_seq", get_namespace_oid("dwarf", false));
+	value = DatumGetInt64(DirectFunctionCall1(nextval_oid, ObjectIdGetDatum(seq)));
 	RestoreUser(saved);
-	if (value >= (INT64CONST(1) << DWARF_SHARD_SHIFT))
+	if (value >= (INT64CONST(1) << DWARF_EPOCH_SHIFT))
 		ereport(ERROR,
 				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
-				 errmsg("dwarf.flow_seq is past 2^48")));
-	return ((int64) dwarf_shard_id << DWARF_SHARD_SHIFT) | value;
+				 errmsg("dwarf.flow_seq is past 2^40")));
+	return ((int64) dwarf_shard_id << DWARF_SHARD_SHIFT) |
+		((int64) (GetWALInsertionTimeLine() & 0xFF) << DWARF_EPOCH_SHIFT) | value;
 }
 
 /* ---------- define ---------- */
@@ -277,6 +304,48 @@ dwarf_validate(PG_FUNCTION_ARGS)
 	Graph	   *graph = GraphParse(definition, CurrentMemoryContext, true);
 
 	PG_RETURN_JSONB_P(GraphNormalized(graph, definition));
+}
+
+/* Is this character a control character, or a space at either end? */
+static bool
+BadNameChar(pg_wchar c, bool at_end)
+{
+	if (c < 0x20 || (c >= 0x7F && c <= 0x9F) || c == 0x2028 || c == 0x2029)
+		return true;
+	return at_end && (c == ' ' || c == 0xA0 || c == 0x1680 ||
+					  (c >= 0x2000 && c <= 0x200B) || c == 0x202F ||
+					  c == 0x205F || c == 0x3000 || c == 0xFEFF);
+}
+
+/*
+ * A graph name is any printable text, as a PostgreSQL identifier may be:
+ * 1 to 63 bytes, no control characters, no space at either end.
+ */
+static void
+CheckGraphName(const char *name)
+{
+	int			len = strlen(name);
+	const char *p;
+
+	if (len == 0 || len >= NAMEDATALEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_NAME),
+				 errmsg("invalid graph name \"%s\": it has %d bytes", name, len),
+				 errhint("A graph name has 1 to %d bytes of printable characters, without spaces at either end.",
+						 NAMEDATALEN - 1)));
+	for (p = name; *p; p += pg_mblen(p))
+	{
+		pg_wchar	c = GetDatabaseEncoding() == PG_UTF8 ?
+			utf8_to_unicode((const unsigned char *) p) : (unsigned char) *p;
+
+		if (BadNameChar(c, p == name || p + pg_mblen(p) == name + len))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_NAME),
+					 errmsg("invalid graph name \"%s\": it has a control character or a space at one end",
+							name),
+					 errhint("A graph name has 1 to %d bytes of printable characters, without spaces at either end.",
+							 NAMEDATALEN - 1)));
+	}
 }
 
 PG_FUNCTION_INFO_V1(dwarf_define);
@@ -298,19 +367,10 @@ dwarf_define(PG_FUNCTION_ARGS)
 	bool		isnull;
 	int32		version;
 	SavedUser	saved;
-	const char *p;
 
-	if (strlen(cname) == 0 || strlen(cname) >= NAMEDATALEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_NAME),
-				 errmsg("invalid graph name \"%s\"", cname),
-				 errhint("A graph name has 1 to %d characters.", NAMEDATALEN - 1)));
-	for (p = cname; *p; p++)
-		if (!(isalnum((unsigned char) *p) || *p == '_' || *p == '-' || *p == '.'))
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_NAME),
-					 errmsg("invalid graph name \"%s\"", cname),
-					 errhint("Use letters, digits, \"_\", \"-\" and \".\".")));
+	CheckNotStandby("dwarf.define");
+
+	CheckGraphName(cname);
 
 	normalized = GraphNormalized(GraphParse(PG_GETARG_JSONB_P(1), CurrentMemoryContext, true),
 								 PG_GETARG_JSONB_P(1));
@@ -535,6 +595,7 @@ PG_FUNCTION_INFO_V1(dwarf_create);
 Datum
 dwarf_create(PG_FUNCTION_ARGS)
 {
+	CheckNotStandby("dwarf.create");
 	CheckNotNull(fcinfo, 0, "graph");
 	CheckNotNull(fcinfo, 1, "input");
 	CheckNotNull(fcinfo, 2, "priority");
@@ -896,6 +957,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 	int64		flow_id;
 	TimestampTz deadline;
 
+	CheckNotStandby("dwarf.run");
 	CheckNotNull(fcinfo, 0, "graph");
 	CheckNotNull(fcinfo, 1, "input");
 	CheckNotNull(fcinfo, 2, "timeout");

@@ -21,6 +21,7 @@ extern void Connect(void);
 extern void Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
 				 int expect);
 extern void CheckInput(Jsonb *input);
+extern void CheckNotStandby(const char *function);
 extern void CheckNotNull(FunctionCallInfo fcinfo, int arg, const char *name);
 
 #endif							/* DWARF_API_H */

@@ -30,8 +30,12 @@ extern int	dwarf_long_step;
 extern int	dwarf_max_runners;
 extern int	dwarf_step_crashes;
 
-/* Flow ids are (shard << DWARF_SHARD_SHIFT) | sequence value. */
+/*
+ * Flow ids are (shard << DWARF_SHARD_SHIFT) | (timeline & 0xFF) <<
+ * DWARF_EPOCH_SHIFT | sequence value.
+ */
 #define DWARF_SHARD_SHIFT	48
+#define DWARF_EPOCH_SHIFT	40
 
 /* The longest interval dwarf takes (sleep, retry, timeouts): 100 years. */
 #define DWARF_MAX_INTERVAL	(INT64CONST(36525) * USECS_PER_DAY)

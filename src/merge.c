@@ -296,7 +296,7 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 					 errmsg("reducer \"%s\" of field \"%s\" cannot take a %s",
 							reducer_label[kind], field, JsonTypeName(new))));
 		if (kind == RED_APPEND)
-			return ArrayOf(list_make1(new));
+			return ArrayOf(Elements(new));
 		if (kind == RED_UNION)
 			old = ArrayOf(NIL);
 		else
@@ -307,7 +307,8 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 	switch (kind)
 	{
 		case RED_APPEND:
-			return ArrayOf(lappend(Elements(old), new));
+			/* An array appends its elements; wrap it ([[...]]) to append it whole. */
+			return ArrayOf(list_concat(Elements(old), Elements(new)));
 		case RED_CONCAT:
 			if (old->type == jbvString && new->type == jbvString)
 			{

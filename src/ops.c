@@ -68,6 +68,8 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	char	   *status;
 	SavedUser	saved;
 
+	CheckNotStandby("dwarf.cancel");
+
 	CheckNotNull(fcinfo, 0, "flow_id");
 	flow_id = PG_GETARG_INT64(0);
 	args[0] = Int64GetDatum(flow_id);
@@ -145,6 +147,8 @@ dwarf_resume(PG_FUNCTION_ARGS)
 	SavedUser	saved;
 	int64		target;
 	bool		isnull;
+
+	CheckNotStandby("dwarf.resume");
 
 	CheckNotNull(fcinfo, 0, "flow_id");
 	flow_id = PG_GETARG_INT64(0);
@@ -250,6 +254,8 @@ dwarf_fork(PG_FUNCTION_ARGS)
 	char	   *thread;
 	Jsonb	   *state;
 
+	CheckNotStandby("dwarf.fork");
+
 	CheckNotNull(fcinfo, 0, "step_id");
 	CheckNotNull(fcinfo, 1, "overrides");
 	CheckInput(PG_GETARG_JSONB_P(1));
@@ -313,6 +319,8 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	Datum		d;
 	SavedUser	saved;
 
+	CheckNotStandby("dwarf.continue");
+
 	CheckNotNull(fcinfo, 0, "flow_id");
 	CheckNotNull(fcinfo, 1, "input");
 	CheckInput(PG_GETARG_JSONB_P(1));
@@ -369,6 +377,8 @@ dwarf_delete(PG_FUNCTION_ARGS)
 	SavedUser	saved;
 	uint64		i;
 
+	CheckNotStandby("dwarf.delete");
+
 	Connect();
 	(void) VisibleFlowStatus(flow_id);
 	saved = BecomeOwner();
@@ -410,6 +420,8 @@ dwarf_purge(PG_FUNCTION_ARGS)
 	bool		isnull;
 	int64		purged;
 	SavedUser	saved;
+
+	CheckNotStandby("dwarf.purge");
 
 	(void) IntervalMicros(PG_GETARG_INTERVAL_P(0), "older_than");
 	Connect();
