@@ -311,7 +311,12 @@ typedef struct Token
 	int			visits;			/* steps this token has taken */
 	TimestampTz due;			/* runnable from then on (sleep, retry) */
 	TimestampTz first_started;	/* start of this step's first attempt */
-	Jsonb	   *state;
+	Jsonb	   *state;			/* NULL: a for_each branch's, made when it runs */
+	bool		own_state;		/* state is this token's alone, to free */
+	struct Edge *each_edge;		/* for_each branch: its edge, element, index */
+	JsonbValue	each_element;	/* ... (points into the cohort's fork_state) */
+	int			each_index;
+	int			each_count;
 	List	   *deltas;			/* changes since the cohort forked (Jsonb *) */
 	Cohort	   *cohort;			/* NULL at the top level */
 	int			branch;			/* index within the cohort */
@@ -330,6 +335,7 @@ struct Cohort
 	int			parent_branch;
 	List	   *parent_deltas;
 	Jsonb	   *fork_state;		/* the forking token's state */
+	bool		own_fork;		/* fork_state is the cohort's alone, to free */
 	int			nbranches;
 	int			pending;		/* branches neither arrived nor ended */
 	int			fan_in;			/* where the first arrival waits, or -1 */
@@ -382,6 +388,7 @@ typedef struct StepOutcome
 extern FlowRun *FlowRunCreate(FlowRun *flow, Graph *graph, int start, Jsonb *input,
 							 MemoryContext parent);
 extern Token *FlowFindToken(FlowRun *flow, int token_id);
+extern Jsonb *FlowTokenState(FlowRun *flow, Token *token);
 extern void FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome);
 extern void FlowRunFree(FlowRun *flow);
 

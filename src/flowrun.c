@@ -18,9 +18,68 @@
 
 #include "dwarf.h"
 
-static void Route(FlowRun *flow, Token *token, int target, Jsonb *state);
+static void Route(FlowRun *flow, Token *token, int target, Jsonb *state, bool owned);
 static void BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 					   Jsonb *state, int fan_in);
+
+/*
+ * States are copied whole at every merge, so where they live decides how a
+ * flow's memory grows.  A merge runs in a scratch context (its temporary
+ * lists and trees are gone at once) and only its result is kept, in the
+ * flow's context.  A token frees a state it owns when it moves past it, and
+ * a for_each branch makes its state (the fork's state plus its element)
+ * only when it runs: a fan-out of n elements holds one copy of the array,
+ * not n.
+ */
+static MemoryContext Scratch = NULL;
+
+/* A copy, in the current (the flow's) context, of a Jsonb made in Scratch. */
+static Jsonb *
+Keep(Jsonb *made, Jsonb *original)
+{
+	Jsonb	   *copy;
+
+	if (made == original)
+		return original;
+	copy = palloc(VARSIZE(made));
+	memcpy(copy, made, VARSIZE(made));
+	return copy;
+}
+
+static void
+EnterScratch(MemoryContext *old)
+{
+	if (Scratch == NULL)
+		Scratch = AllocSetContextCreate(TopMemoryContext, "dwarf merges",
+										ALLOCSET_DEFAULT_SIZES);
+	MemoryContextReset(Scratch);
+	*old = MemoryContextSwitchTo(Scratch);
+}
+
+/* MergeChanges, keeping only the result. */
+static Jsonb *
+Merged(FlowRun *flow, Jsonb *state, Jsonb *changes)
+{
+	MemoryContext old;
+	Jsonb	   *made;
+
+	EnterScratch(&old);
+	made = MergeChanges(state, changes, flow->graph->reducers, flow->graph->nreducers);
+	MemoryContextSwitchTo(old);
+	return Keep(made, state);
+}
+
+/* Gives a token a new state, freeing the one it owned (unless it is the same). */
+static void
+SetTokenState(Token *token, Jsonb *state, bool owned)
+{
+	if (token->state == state)
+		return;
+	if (token->own_state && token->state)
+		pfree(token->state);
+	token->state = state;
+	token->own_state = owned;
+}
 
 static Token *
 NewToken(FlowRun *flow, int node, Jsonb *state, Cohort *cohort, int branch,
@@ -40,9 +99,12 @@ NewToken(FlowRun *flow, int node, Jsonb *state, Cohort *cohort, int branch,
 	return token;
 }
 
+/* Drops a token, and the state it owned unless that goes on as keep. */
 static void
-DropToken(FlowRun *flow, Token *token)
+DropToken(FlowRun *flow, Token *token, Jsonb *keep)
 {
+	if (token->own_state && token->state && token->state != keep)
+		pfree(token->state);
 	flow->tokens = list_delete_ptr(flow->tokens, token);
 	pfree(token);
 }
@@ -229,24 +291,37 @@ ExpandBranches(FlowRun *flow, List *edges, Jsonb *state, int *converge,
 	return result;
 }
 
-/* The state a for_each branch starts with: its element, index and count. */
-static Jsonb *
-BranchState(Jsonb *state, Branch *b)
+/*
+ * The state a token's next step starts from.  A for_each branch that has
+ * not run yet makes it now: the fork's state with its element, index and
+ * count.
+ */
+Jsonb *
+FlowTokenState(FlowRun *flow, Token *token)
 {
-	const char *keys[3];
-	JsonbValue	values[3];
+	if (token->state == NULL)
+	{
+		MemoryContext old;
+		const char *keys[3];
+		JsonbValue	values[3];
+		Jsonb	   *made;
 
-	if (b->edge == NULL)
-		return state;
-	keys[0] = b->edge->as;
-	keys[1] = psprintf("%sIndex", b->edge->as);
-	keys[2] = psprintf("%sCount", b->edge->as);
-	values[0] = b->element;
-	values[1].type = jbvNumeric;
-	values[1].val.numeric = int64_to_numeric(b->index);
-	values[2].type = jbvNumeric;
-	values[2].val.numeric = int64_to_numeric(b->count);
-	return JsonbWithKeys(state, 3, keys, values);
+		EnterScratch(&old);
+		keys[0] = token->each_edge->as;
+		keys[1] = psprintf("%sIndex", token->each_edge->as);
+		keys[2] = psprintf("%sCount", token->each_edge->as);
+		values[0] = token->each_element;
+		values[1].type = jbvNumeric;
+		values[1].val.numeric = int64_to_numeric(token->each_index);
+		values[2].type = jbvNumeric;
+		values[2].val.numeric = int64_to_numeric(token->each_count);
+		made = JsonbWithKeys(token->cohort->fork_state, 3, keys, values);
+		MemoryContextSwitchTo(flow->cxt);
+		token->state = Keep(made, NULL);
+		token->own_state = true;
+		MemoryContextSwitchTo(old);
+	}
+	return token->state;
 }
 
 /*
@@ -254,7 +329,7 @@ BranchState(Jsonb *state, Branch *b)
  * target moves the token; several (or a for_each) fork a cohort.
  */
 static void
-Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
+Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state, bool owned)
 {
 	int			converge;
 	char	   *error;
@@ -270,13 +345,13 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
 	}
 	if (n == 0)
 	{
-		Route(flow, token, converge >= 0 ? converge : NODE_END, state);
+		Route(flow, token, converge >= 0 ? converge : NODE_END, state, owned);
 		return;
 	}
 	if (n == 1 && ((Branch *) linitial(branches))->edge == NULL &&
 		((Edge *) linitial(edges))->nto == 1)
 	{
-		Route(flow, token, ((Branch *) linitial(branches))->target, state);
+		Route(flow, token, ((Branch *) linitial(branches))->target, state, owned);
 		return;
 	}
 
@@ -285,6 +360,7 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
 	cohort->parent_branch = token->branch;
 	cohort->parent_deltas = token->deltas;
 	cohort->fork_state = state;
+	cohort->own_fork = owned;
 	cohort->nbranches = n;
 	cohort->pending = n;
 	cohort->fan_in = -1;
@@ -299,15 +375,27 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
 													   psprintf("%sIndex", edge->as),
 													   psprintf("%sCount", edge->as)));
 	}
-	DropToken(flow, token);
+	DropToken(flow, token, state);
 
 	for (b = 0; b < n; b++)
 	{
 		Branch	   *br = list_nth(branches, b);
-		Jsonb	   *bstate = BranchState(state, br);
-		Token	   *t = NewToken(flow, br->target, bstate, cohort, b, NIL);
+		Token	   *t;
 
-		Route(flow, t, br->target, bstate);
+		if (br->edge == NULL)	/* a static branch shares the fork's state */
+		{
+			t = NewToken(flow, br->target, state, cohort, b, NIL);
+			Route(flow, t, br->target, state, false);
+		}
+		else					/* a for_each branch makes its own when it runs */
+		{
+			t = NewToken(flow, br->target, NULL, cohort, b, NIL);
+			t->each_edge = br->edge;
+			t->each_element = br->element;
+			t->each_index = br->index;
+			t->each_count = br->count;
+			Route(flow, t, br->target, NULL, false);
+		}
 		if (flow->status != FLOW_RUNNING)
 			return;
 	}
@@ -318,7 +406,7 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state)
  * its cohort, any other task makes it runnable.
  */
 static void
-Route(FlowRun *flow, Token *token, int target, Jsonb *state)
+Route(FlowRun *flow, Token *token, int target, Jsonb *state, bool owned)
 {
 	Cohort	   *cohort = token->cohort;
 
@@ -328,16 +416,20 @@ Route(FlowRun *flow, Token *token, int target, Jsonb *state)
 		int			branch = token->branch;
 		List	   *deltas = token->deltas;
 
-		DropToken(flow, token);
+		DropToken(flow, token, state);
 		if (cohort == NULL)
 			CloseFlow(flow, FLOW_COMPLETED, state, NULL);
 		else
+		{
 			BranchDone(flow, cohort, branch, deltas, state,
 					   target == NODE_END ? -1 : target);
+			if (owned && state)
+				pfree(state);	/* the cohort keeps the branch's changes, not its state */
+		}
 		return;
 	}
 	token->node = target;
-	token->state = state;
+	SetTokenState(token, state, owned);
 	token->attempt = 1;
 	token->due = flow->next_due;
 }
@@ -352,7 +444,6 @@ static void
 BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 		   Jsonb *state, int fan_in)
 {
-	Graph	   *graph = flow->graph;
 	Jsonb	   *merged;
 	List	   *all_deltas;
 	int			b;
@@ -363,6 +454,7 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 	if (--cohort->pending > 0)
 		return;
 
+	/* Each step of the fold frees the one before: one copy at a time. */
 	merged = cohort->fork_state;
 	all_deltas = list_copy(cohort->parent_deltas);
 	for (b = 0; b < cohort->nbranches; b++)
@@ -371,7 +463,11 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 
 		foreach(lc, cohort->deltas[b])
 		{
-			merged = MergeChanges(merged, lfirst(lc), graph->reducers, graph->nreducers);
+			Jsonb	   *next = Merged(flow, merged, lfirst(lc));
+
+			if (merged != cohort->fork_state && merged != next)
+				pfree(merged);
+			merged = next;
 			all_deltas = lappend(all_deltas, lfirst(lc));
 		}
 	}
@@ -381,16 +477,33 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 		int			nkeys = list_length(cohort->drop_keys);
 		const char **keys = palloc(sizeof(char *) * nkeys);
 		ListCell   *lc;
+		MemoryContext old;
+		Jsonb	   *made;
 
 		b = 0;
 		foreach(lc, cohort->drop_keys)
 			keys[b++] = lfirst(lc);
-		merged = JsonbWithoutKeys(merged, nkeys, keys);
+		EnterScratch(&old);
+		made = JsonbWithoutKeys(merged, nkeys, keys);
+		MemoryContextSwitchTo(old);
+		made = Keep(made, merged);
+		if (merged != cohort->fork_state && merged != made)
+			pfree(merged);
+		merged = made;
+	}
+	if (merged != cohort->fork_state && cohort->own_fork)
+	{
+		pfree(cohort->fork_state);	/* every branch is done with it */
+		cohort->fork_state = NULL;
 	}
 
 	if (cohort->fan_in >= 0)
-		NewToken(flow, cohort->fan_in, merged, cohort->parent,
-				 cohort->parent_branch, cohort->parent ? all_deltas : NIL);
+	{
+		Token	   *t = NewToken(flow, cohort->fan_in, merged, cohort->parent,
+								 cohort->parent_branch, cohort->parent ? all_deltas : NIL);
+
+		t->own_state = merged != cohort->fork_state || cohort->own_fork;
+	}
 	else if (cohort->parent == NULL)
 		CloseFlow(flow, FLOW_COMPLETED, merged, NULL);
 	else
@@ -423,7 +536,9 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 	Graph	   *graph = flow->graph;
 	GraphNode	   *node = &graph->nodes[token->node];
 	Jsonb	   *changes;
+	Jsonb	   *before;
 	Jsonb	   *state;
+	bool		owned;
 	List	   *edges = NIL;
 
 	if (outcome->kind == OUTCOME_INTERRUPT)
@@ -470,7 +585,7 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 				edges = lappend(edges, lfirst(lc));
 		if (edges == NIL)
 		{
-			CloseFlow(flow, FLOW_FAILED, token->state, ErrorMessage(outcome->error));
+			CloseFlow(flow, FLOW_FAILED, FlowTokenState(flow, token), ErrorMessage(outcome->error));
 			MemoryContextSwitchTo(old);
 			return;
 		}
@@ -481,14 +596,16 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 	}
 
 	changes = (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(changes));
-	state = MergeChanges(token->state, changes, graph->reducers, graph->nreducers);
+	before = FlowTokenState(flow, token);
+	state = Merged(flow, before, changes);
+	owned = state != before || token->own_state;	/* no changes: the same state */
 	if (token->cohort != NULL)
 		token->deltas = lappend(token->deltas, changes);
 
 	if (outcome->kind == OUTCOME_RETRY)
 	{
 		/* The same step again, on the state this attempt left, later. */
-		token->state = state;
+		SetTokenState(token, state, owned);
 		token->attempt++;
 		token->due = outcome->wake_at;
 		MemoryContextSwitchTo(old);
@@ -500,7 +617,7 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 	if (outcome->kind == OUTCOME_OK)
 		edges = FiringEdges(flow, token, state, outcome->goto_node);
 	flow->next_due = outcome->wake_at;
-	Fire(flow, token, edges, state);
+	Fire(flow, token, edges, state, owned);
 	flow->next_due = 0;
 	MemoryContextSwitchTo(old);
 }

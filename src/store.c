@@ -310,7 +310,7 @@ ParkRow(FlowRun *flow, Token *token)
 		args[1] = JsonbPGetDatum(token->payload);
 	else
 		nulls[1] = 'n';
-	args[2] = JsonbPGetDatum(token->state);
+	args[2] = JsonbPGetDatum(FlowTokenState(flow, token));
 	if (SPI_execute_plan(ParkFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "dwarf: could not mark flow " INT64_FORMAT " interrupted", flow->id);
 	if (flow->parent_id != 0 &&

@@ -322,7 +322,7 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(flow->time_budget_ms, INT_MAX));
 
 	InitFunctionCallInfoData(*fcinfo, &node->flinfo, 1, InvalidOid, NULL, NULL);
-	fcinfo->args[0].value = JsonbPGetDatum(token->state);
+	fcinfo->args[0].value = JsonbPGetDatum(FlowTokenState(flow, token));
 	fcinfo->args[0].isnull = false;
 	result = FunctionCallInvoke(fcinfo);
 
