@@ -265,22 +265,31 @@ CREATE FUNCTION dwarf.fold_changes(input jsonb, changes jsonb[], reducers jsonb)
 COMMENT ON FUNCTION dwarf.fold_changes(jsonb, jsonb[], jsonb) IS
 	'Merges step changes into a state in order, with the given per-field reducers';
 
+CREATE FUNCTION dwarf.replay_state(flow_id bigint, before_step bigint DEFAULT NULL)
+	RETURNS jsonb
+	LANGUAGE c STABLE
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_replay_state';
+COMMENT ON FUNCTION dwarf.replay_state(bigint, bigint) IS
+	'A flow''s state as its worker computes it, its steps replayed over its input: the final state, or its one live branch''s; NULL while several branches run';
+
 CREATE FUNCTION dwarf.state_at(flow_id bigint, before_step bigint DEFAULT NULL)
 	RETURNS jsonb
 	LANGUAGE sql STABLE
 	SET search_path = pg_catalog, pg_temp
 	AS $$
-	SELECT dwarf.fold_changes(f.input,
+	SELECT coalesce(dwarf.replay_state(state_at.flow_id, state_at.before_step),
+		   dwarf.fold_changes(f.input,
 			   ARRAY(SELECT s.changes FROM dwarf.step s
 					  WHERE s.flow_id = f.id AND s.status IN ('completed', 'retry')
 						AND (state_at.before_step IS NULL OR s.step_id < state_at.before_step)
 					  ORDER BY s.step_id),
-			   g.definition -> 'reducers')
+			   g.definition -> 'reducers'))
 	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE f.id = state_at.flow_id
 $$;
 COMMENT ON FUNCTION dwarf.state_at(bigint, bigint) IS
-	'A flow''s input with its committed steps'' changes folded in (those before before_step, when given)';
+	'A flow''s state (those steps before before_step, when given), as the worker computes it; while several branches run, the input with every committed step''s changes folded in, in commit order';
 
 CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,

@@ -94,3 +94,26 @@ SELECT dwarf.define('lim_nested_run', '{"tasks": {"A": "lim.nested_run"}}');
 SELECT dwarf.define('lim_nested_await', '{"tasks": {"A": "lim.nested_await"}}');
 SELECT status, error FROM dwarf.run('lim_nested_run', '{}');
 SELECT status, error FROM dwarf.run('lim_nested_await', '{}');
+
+-- A chain of fewer than two tasks says nothing: refused.
+SELECT dwarf.validate('{"tasks": {"A": "lim.noop"}, "transitions": [{"chain": []}]}');
+SELECT dwarf.validate('{"tasks": {"A": "lim.noop"}, "transitions": [{"chain": ["A"]}]}');
+
+-- A flow whose role was dropped while it slept fails with a clear error.
+-- (Its tasks need nothing granted to the role, so that DROP ROLE goes
+-- through: functions in public, dwarf granted to PUBLIC for the while.)
+CREATE FUNCTION public.lim_nap_short(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN PERFORM dwarf.sleep('300 ms'); RETURN '{}'; END $$;
+CREATE FUNCTION public.lim_noop(s jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+SELECT dwarf.define('lim_nap', '{"tasks": {"Nap": "public.lim_nap_short", "After": "public.lim_noop"},
+  "transitions": [{"from": "Nap", "to": "After"}]}');
+GRANT USAGE ON SCHEMA dwarf TO PUBLIC;
+CREATE ROLE dwarf_lim_gone;
+SET ROLE dwarf_lim_gone;
+SELECT dwarf.create('lim_nap', '{}') AS gone_id \gset
+RESET ROLE;
+DROP ROLE dwarf_lim_gone;
+SELECT status, error LIKE 'the role that created flow % was dropped' AS says_why
+  FROM dwarf.await(:gone_id, '10 s');
+REVOKE USAGE ON SCHEMA dwarf FROM PUBLIC;
+DROP FUNCTION public.lim_nap_short(jsonb), public.lim_noop(jsonb);

@@ -391,6 +391,13 @@ extern Token *FlowFindToken(FlowRun *flow, int token_id);
 extern Jsonb *FlowTokenState(FlowRun *flow, Token *token);
 extern void FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome);
 extern void FlowRunFree(FlowRun *flow);
+extern Jsonb *FlowStateSoFar(FlowRun *flow);
+
+/* store.c: the step rows replay reads, and one row's replay. */
+#define STEP_ROWS_SQL \
+	"SELECT token, task, status, changes, goto_task, error, wake_at, attempt," \
+	" started_at, signal FROM dwarf.step WHERE flow_id = $1"
+extern bool ReplayStepRow(FlowRun *flow, HeapTuple tup, TupleDesc desc);
 
 /* ---------- control.c: the step a task runs in ---------- */
 

@@ -138,6 +138,21 @@ FlowRunFree(FlowRun *flow)
 	flow->tokens = NIL;
 }
 
+/*
+ * Where a flow stands, as one state: a closed flow's final state, or the
+ * state its one live branch's next step will see.  NULL while several
+ * branches run (no single state is the flow's yet).
+ */
+Jsonb *
+FlowStateSoFar(FlowRun *flow)
+{
+	if (flow->status != FLOW_RUNNING)
+		return flow->final_state;
+	if (list_length(flow->tokens) == 1)
+		return FlowTokenState(flow, linitial(flow->tokens));
+	return NULL;
+}
+
 Token *
 FlowFindToken(FlowRun *flow, int token_id)
 {

@@ -189,6 +189,7 @@ ParseChain(Graph *graph, JsonbValue *chain, const char *edge_desc)
 	JsonbIteratorToken tok;
 	JsonbValue	v;
 	int			prev = -2;
+	int			count = 0;
 
 	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
@@ -202,7 +203,10 @@ ParseChain(Graph *graph, JsonbValue *chain, const char *edge_desc)
 		if (prev != -2)
 			NewEdge(graph, EDGE_PLAIN, prev, 1)->to[0] = node;
 		prev = node;
+		count++;
 	}
+	if (count < 2)
+		DefinitionError("invalid graph definition: %s has a chain of %d task(s); a chain needs two or more", edge_desc, count);
 }
 
 /* One element of "transitions". */

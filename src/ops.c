@@ -475,3 +475,80 @@ dwarf_worker_stats(PG_FUNCTION_ARGS)
 	}
 	return (Datum) 0;
 }
+
+PG_FUNCTION_INFO_V1(dwarf_replay_state);
+
+/*
+ * dwarf.replay_state(flow, before_step): the flow's state as its worker
+ * computes it, by replaying its steps (those before before_step) over its
+ * input with the worker's own code: a closed flow's final state, or the
+ * state its one live branch works on (after a fan-in: the branches folded
+ * in branch order).  NULL while several branches run, or for a flow the
+ * caller may not see.
+ */
+Datum
+dwarf_replay_state(PG_FUNCTION_ARGS)
+{
+	int64		flow_id = PG_GETARG_INT64(0);
+	Oid			types[2] = {INT8OID, INT8OID};
+	Datum		args[2];
+	char		nulls[2] = {' ', ' '};
+	MemoryContext outer = CurrentMemoryContext;
+	FlowRun		flow = {0};
+	Graph	   *graph;
+	char	   *start_task;
+	int			start;
+	Jsonb	   *state;
+	bool		isnull;
+	uint64		i;
+
+	args[0] = Int64GetDatum(flow_id);
+	if (PG_ARGISNULL(1))
+	{
+		args[1] = (Datum) 0;
+		nulls[1] = 'n';
+	}
+	else
+		args[1] = PG_GETARG_DATUM(1);
+
+	Connect();
+	Exec("SELECT g.definition, f.input, f.start_task FROM dwarf.flow f"
+		 " JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+	{
+		SPI_finish();
+		PG_RETURN_NULL();
+	}
+	graph = GraphParse(DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+													1, &isnull)),
+					   CurrentMemoryContext, false);
+	start_task = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
+	start = start_task && GraphNodeByName(graph, start_task) >= 0 ?
+		GraphNodeByName(graph, start_task) : graph->entry;
+	flow.id = flow_id;
+	FlowRunCreate(&flow, graph, start,
+				  DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+											   2, &isnull)),
+				  CurrentMemoryContext);
+
+	Exec(STEP_ROWS_SQL " AND ($2::bigint IS NULL OR step_id < $2) ORDER BY step_id",
+		 2, types, args, nulls, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed && flow.status == FLOW_RUNNING; i++)
+		if (!ReplayStepRow(&flow, SPI_tuptable->vals[i], SPI_tuptable->tupdesc))
+			break;
+
+	state = FlowStateSoFar(&flow);
+	if (state)
+	{
+		Jsonb	   *copy = MemoryContextAlloc(outer, VARSIZE(state));
+
+		memcpy(copy, state, VARSIZE(state));
+		state = copy;
+	}
+	FlowRunFree(&flow);
+	SPI_finish();
+	if (state == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_JSONB_P(state);
+}

@@ -96,10 +96,7 @@ PreparePlans(void)
 		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
 		" AND ((id & 281474976710655) % $1) = $2",
 		2, scan_types);
-	LoadStepsPlan = PrepareKept(
-		"SELECT token, task, status, changes, goto_task, error, wake_at, attempt,"
-		" started_at, signal FROM dwarf.step WHERE flow_id = $1 ORDER BY step_id",
-		1, int8_type);
+	LoadStepsPlan = PrepareKept(STEP_ROWS_SQL " ORDER BY step_id", 1, int8_type);
 	LoadGraphPlan = PrepareKept(
 		"SELECT definition FROM dwarf.graph WHERE id = $1",
 		1, int4_type);
@@ -214,6 +211,49 @@ NoteLoad(int64 flow_id, bool replay)
 	MemoryContextSwitchTo(old);
 }
 
+/*
+ * Moves a flow on by one recorded step, a row in the column order of
+ * LoadStepsPlan.  Returns false when the row names a token the flow never
+ * made (then replay stops there).
+ */
+bool
+ReplayStepRow(FlowRun *flow, HeapTuple tup, TupleDesc desc)
+{
+	bool		isnull;
+	int			token_id = DatumGetInt32(SPI_getbinval(tup, desc, 1, &isnull));
+	char	   *status = SPI_getvalue(tup, desc, 3);
+	char	   *goto_task = SPI_getvalue(tup, desc, 5);
+	Token	   *token = FlowFindToken(flow, token_id);
+	StepOutcome outcome = {0};
+	Datum		d;
+
+	if (token == NULL)
+	{
+		ereport(WARNING,
+				(errmsg("dwarf: a step of flow " INT64_FORMAT " names token %d, which the graph never made",
+						flow->id, token_id)));
+		return false;
+	}
+	outcome.kind = strcmp(status, "completed") == 0 ? OUTCOME_OK :
+		strcmp(status, "retry") == 0 ? OUTCOME_RETRY :
+		strcmp(status, "interrupted") == 0 ? OUTCOME_INTERRUPT :
+		strcmp(status, "resumed") == 0 ? OUTCOME_RESUMED :
+		strcmp(status, "waiting") == 0 ? OUTCOME_WAITING : OUTCOME_ERROR;
+	d = SPI_getbinval(tup, desc, 10, &isnull);
+	outcome.signal = isnull ? NULL : DatumGetJsonbP(d);
+	outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
+	d = SPI_getbinval(tup, desc, 4, &isnull);
+	outcome.changes = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
+	d = SPI_getbinval(tup, desc, 6, &isnull);
+	outcome.error = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
+	d = SPI_getbinval(tup, desc, 7, &isnull);
+	outcome.wake_at = isnull ? 0 : DatumGetTimestampTz(d);
+	if (DatumGetInt32(SPI_getbinval(tup, desc, 8, &isnull)) == 1)
+		token->first_started = DatumGetTimestampTz(SPI_getbinval(tup, desc, 9, &isnull));
+	FlowAdvance(flow, token, &outcome);
+	return true;
+}
+
 /* Replays a flow's recorded steps, in order, to rebuild where it stands. */
 static void
 ReplaySteps(FlowRun *flow)
@@ -226,42 +266,8 @@ ReplaySteps(FlowRun *flow)
 		elog(ERROR, "dwarf: could not read the steps of flow " INT64_FORMAT, flow->id);
 	tuptable = SPI_tuptable;
 	for (i = 0; i < SPI_processed && flow->status == FLOW_RUNNING; i++)
-	{
-		HeapTuple	tup = tuptable->vals[i];
-		TupleDesc	desc = tuptable->tupdesc;
-		bool		isnull;
-		int			token_id = DatumGetInt32(SPI_getbinval(tup, desc, 1, &isnull));
-		char	   *status = SPI_getvalue(tup, desc, 3);
-		char	   *goto_task = SPI_getvalue(tup, desc, 5);
-		Token	   *token = FlowFindToken(flow, token_id);
-		StepOutcome outcome = {0};
-		Datum		d;
-
-		if (token == NULL)
-		{
-			ereport(WARNING,
-					(errmsg("dwarf: step %llu of flow " INT64_FORMAT " names token %d, which the graph never made",
-							(unsigned long long) i, flow->id, token_id)));
+		if (!ReplayStepRow(flow, tuptable->vals[i], tuptable->tupdesc))
 			break;
-		}
-		outcome.kind = strcmp(status, "completed") == 0 ? OUTCOME_OK :
-			strcmp(status, "retry") == 0 ? OUTCOME_RETRY :
-			strcmp(status, "interrupted") == 0 ? OUTCOME_INTERRUPT :
-			strcmp(status, "resumed") == 0 ? OUTCOME_RESUMED :
-			strcmp(status, "waiting") == 0 ? OUTCOME_WAITING : OUTCOME_ERROR;
-		d = SPI_getbinval(tup, desc, 10, &isnull);
-		outcome.signal = isnull ? NULL : DatumGetJsonbP(d);
-		outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
-		d = SPI_getbinval(tup, desc, 4, &isnull);
-		outcome.changes = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
-		d = SPI_getbinval(tup, desc, 6, &isnull);
-		outcome.error = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
-		d = SPI_getbinval(tup, desc, 7, &isnull);
-		outcome.wake_at = isnull ? 0 : DatumGetTimestampTz(d);
-		if (DatumGetInt32(SPI_getbinval(tup, desc, 8, &isnull)) == 1)
-			token->first_started = DatumGetTimestampTz(SPI_getbinval(tup, desc, 9, &isnull));
-		FlowAdvance(flow, token, &outcome);
-	}
 }
 
 /*

@@ -287,6 +287,12 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 	{
 		Oid			nsp = get_func_namespace(node->fn);
 
+		if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(flow->owner)))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("the role that created flow " INT64_FORMAT " was dropped", flow->id),
+					 errdetail("A flow's tasks run as the role that created it (OID %u).", flow->owner)));
+
 		if (pg_namespace_aclcheck(nsp, flow->owner, ACL_USAGE) != ACLCHECK_OK)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
