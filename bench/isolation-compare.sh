@@ -1,0 +1,238 @@
+#!/bin/bash
+# Two builds of dwarf on this machine, measured in one run, alternating
+# BASE, NEW, BASE, NEW... (ROUNDS rounds) so that drift shows.
+#
+#   bench/isolation-compare.sh BASE_PREFIX BASE_TREE NEW_PREFIX NEW_TREE
+#   (or the same names as environment variables)
+#
+# A prefix is a relocated copy of the PostgreSQL 15 installation with that
+# tree's dwarf installed into it (see "Isolation: before and after" in
+# bench/README.md); a tree is the built source (its bench/dwarf-bench is used).
+# Run as root: servers run as the postgres OS user, one at a time, on a unix
+# socket under WORK; CPU figures are read from /proc.
+#
+# Each (round, build) gets a fresh cluster: shared_preload_libraries = dwarf,
+# max_worker_processes = 32, fsync and synchronous_commit on, the rest at
+# PostgreSQL's and dwarf's defaults.  On it:
+#   1. speed: FLOWS (8000) 10-step no-op linear flows (bench_linear_10, as
+#      defined by bench/dwarf-bench) created in one transaction, then waited
+#      for (a warm-up burst of WARM flows first, a CHECKPOINT before each
+#      measured one; BURSTS measured bursts).  steps/s = steps / (last
+#      finished_at - the create's commit); WAL = LSN difference / steps;
+#      CPU = the postmaster and all its children, from /proc, per step;
+#   2. the ceiling: pgbench, bench/pgbench/reference.sql (one durable one-row
+#      UPDATE per transaction), REF_CLIENTS (4) clients, REF_SECONDS (10) s,
+#      once before the measured bursts and once after; ratio = steps/s over
+#      the mean of the two;
+#   3. bench/slow-steps.sh (the time target).
+# Prints progress per (round, build), then the tables and what the server
+# logs said before each shutdown.
+# About 50-80 s per (round, build); raw output and server logs in WORK/out.
+set -euo pipefail
+BASE_PREFIX=${1:-${BASE_PREFIX:-/var/tmp/pg-base}}
+BASE_TREE=${2:-${BASE_TREE:-/var/tmp/dwarf-base}}
+NEW_PREFIX=${3:-${NEW_PREFIX:-/var/tmp/pg-new}}
+NEW_TREE=${4:-${NEW_TREE:-/var/tmp/dwarf-new}}
+ROUNDS=${ROUNDS:-2}
+FLOWS=${FLOWS:-8000}
+WARM=${WARM:-2000}
+BURSTS=${BURSTS:-2}
+REF_CLIENTS=${REF_CLIENTS:-4}
+REF_SECONDS=${REF_SECONDS:-10}
+SLOW=${SLOW:-1}
+PORT=${PORT:-5491}
+WORK=${WORK:-/var/tmp/dwarf-iso}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PGBIN_REL=usr/lib/postgresql/15/bin
+TCK=$(getconf CLK_TCK)
+
+die() { echo "isolation-compare: $*" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || die "run as root (servers run as postgres; CPU is read from /proc)"
+for b in BASE NEW; do
+	p=${b}_PREFIX t=${b}_TREE
+	[[ -x ${!p}/$PGBIN_REL/postgres ]] || die "${!p}: no $PGBIN_REL/postgres"
+	lib=$("${!p}/$PGBIN_REL/pg_config" --pkglibdir)
+	[[ $lib == "${!p}"/* ]] || die "${!p}: pg_config --pkglibdir is $lib, not inside the copy"
+	cmp -s "${!t}/dwarf.so" "$lib/dwarf.so" || die "$lib/dwarf.so is not ${!t}/dwarf.so: install the tree into the copy"
+	[[ -x ${!t}/bench/dwarf-bench ]] || die "${!t}/bench/dwarf-bench missing: make -C ${!t}"
+done
+
+SOCK=$WORK/sock
+DATA=$WORK/data
+OUT=$WORK/out
+mkdir -p "$WORK" "$SOCK" "$OUT"
+chown postgres: "$WORK" "$SOCK" "$OUT"
+chmod 755 "$WORK"
+export PGHOST=$SOCK PGPORT=$PORT PGUSER=postgres PGDATABASE=bench
+RUNNING_BIN=
+stop_server() {
+	if [[ -n $RUNNING_BIN ]]; then
+		runuser -u postgres -- "$RUNNING_BIN/pg_ctl" -D "$DATA" -m fast -w -t 60 stop >/dev/null || true
+		RUNNING_BIN=
+	fi
+}
+trap 'stop_server; rm -rf "$DATA"' EXIT
+trap 'exit 130' INT TERM
+
+# CPU ticks of the postmaster and its children, alive or reaped by it
+server_ticks() {
+	cat /proc/[0-9]*/stat 2>/dev/null | sed -E 's/ \(.*\) / X /' |
+		awk -v pm="$1" '$1 == pm || $4 == pm {t += $14 + $15 + $16 + $17} END {print t + 0}'
+}
+# busy CPU ticks of the whole machine
+machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9; exit}' /proc/stat; }
+# CPU ticks of this database's dwarf workers
+worker_ticks() {
+	local t=0 p
+	for p in $(q -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'dwarf worker' AND datname = current_database()"); do
+		t=$((t + $(sed -E 's/ \(.*\) / X /' "/proc/$p/stat" | awk '{print $14 + $15}')))
+	done
+	echo "$t"
+}
+
+start_server() {			# build prefix tag
+	local bin=$2/$PGBIN_REL
+	rm -rf "$DATA"
+	runuser -u postgres -- "$bin/initdb" -D "$DATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null
+	cat >>"$DATA/postgresql.conf" <<-CONF
+		listen_addresses = ''
+		port = $PORT
+		unix_socket_directories = '$SOCK'
+		shared_preload_libraries = 'dwarf'
+		max_worker_processes = 32
+		fsync = on
+		synchronous_commit = on
+	CONF
+	: >"$OUT/$3.log"
+	chown postgres: "$OUT/$3.log"
+	runuser -u postgres -- "$bin/pg_ctl" -D "$DATA" -l "$OUT/$3.log" -w -t 60 start >/dev/null
+	RUNNING_BIN=$bin
+	PSQL_BIN=$bin/psql
+	PM=$(head -1 "$DATA/postmaster.pid")
+	q -d postgres -c "CREATE DATABASE bench" >/dev/null
+	q -c "CREATE EXTENSION dwarf" >/dev/null
+	for _ in $(seq 1 100); do
+		[[ $(q -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'dwarf worker' AND datname = 'bench'") \
+			== "$(q -c "SHOW dwarf.workers")" ]] && return 0
+		sleep 0.1
+	done
+	die "$3: dwarf workers did not start"
+}
+q() { timeout 180 "$PSQL_BIN" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
+
+# One burst of $1 flows; prints "steps steps_s create_s wal_b_step rec_step cpu_us_step wcpu_us_step other_cores completed"
+burst() {
+	local n=$1 id0 tc lsn0 lsn1 rec0 c0 c1 m0 m1 w0 w1 t0 t1
+	id0=$(q -c "SELECT coalesce(max(id), 0) FROM dwarf.flow")
+	rec0=$(q -c "SELECT wal_records FROM pg_stat_wal")
+	c0=$(server_ticks "$PM") m0=$(machine_ticks) w0=$(worker_ticks) t0=$(date +%s.%N)
+	cat >"$WORK/burst.sql" <<-SQL
+		SELECT pg_current_wal_lsn();
+		SELECT count(dwarf.create('bench_linear_10', '{}')) FROM generate_series(1, $n) \\g /dev/null
+		SELECT replace(clock_timestamp()::text, ' ', 'T');
+		SELECT set_config('bench.id0', '$id0', false) \\g /dev/null
+		DO \$\$
+		DECLARE cur bigint := current_setting('bench.id0')::bigint; polls int := 0;
+		BEGIN
+		    LOOP
+		        SELECT min(id) INTO cur FROM dwarf.flow WHERE id >= cur AND status = 'running';
+		        EXIT WHEN cur IS NULL;
+		        polls := polls + 1;
+		        IF polls > 12000 THEN RAISE EXCEPTION 'flows still running after 120 s'; END IF;
+		        PERFORM pg_sleep(0.01);
+		    END LOOP;
+		END \$\$;
+		SELECT pg_current_wal_lsn();
+	SQL
+	read -r lsn0 tc lsn1 <<<"$(q -F ' ' -f "$WORK/burst.sql" | tr '\n' ' ')"
+	c1=$(server_ticks "$PM") m1=$(machine_ticks) w1=$(worker_ticks) t1=$(date +%s.%N)
+	sleep 1.5					# let every process publish its pg_stat_wal counters
+	q -F ' ' -c "
+	WITH f AS (SELECT * FROM dwarf.flow WHERE id > $id0),
+	     s AS (SELECT count(*) AS steps FROM dwarf.step WHERE flow_id > $id0),
+	     t AS (SELECT extract(epoch FROM max(finished_at) - '$tc'::timestamptz) AS run_s,
+	                  extract(epoch FROM '$tc'::timestamptz - min(created_at)) AS create_s,
+	                  count(*) FILTER (WHERE status = 'completed') AS ok FROM f)
+	SELECT s.steps, round(s.steps / t.run_s), round(t.create_s::numeric, 2),
+	       round(pg_wal_lsn_diff('$lsn1', '$lsn0') / s.steps),
+	       round((SELECT wal_records - $rec0 FROM pg_stat_wal)::numeric / s.steps, 2),
+	       round(($c1 - $c0) * 1e6 / $TCK / s.steps, 1),
+	       round(($w1 - $w0) * 1e6 / $TCK / s.steps, 1),
+	       round(greatest(($m1 - $m0) - ($c1 - $c0), 0)::numeric / $TCK / ($t1 - $t0), 2),
+	       t.ok
+	  FROM s, t"
+}
+
+reference() {
+	local r
+	r=$(timeout $((REF_SECONDS + 60)) "$RUNNING_BIN/pgbench" -n -M prepared -f "$HERE/pgbench/reference.sql" \
+		-c "$REF_CLIENTS" -j 2 -T "$REF_SECONDS" 2>&1) || { echo "$r" >&2; echo "nan"; return; }
+	awk '/^tps = .*without initial connection time/ {print int($3 + 0.5)}' <<<"$r"
+}
+
+ROWS=()
+SLOWROWS=()
+LOGS=()
+echo "BASE: $BASE_PREFIX, $BASE_TREE at $(git -C "$BASE_TREE" rev-parse --short HEAD)$(git -C "$BASE_TREE" diff --quiet HEAD -- src sql || echo ' (modified)')"
+echo "NEW:  $NEW_PREFIX, $NEW_TREE at $(git -C "$NEW_TREE" rev-parse --short HEAD)$(git -C "$NEW_TREE" diff --quiet HEAD -- src sql || echo ' (modified)')"
+echo "$(date -u '+%F %T UTC'), $(nproc) cores, $FLOWS flows x 10 steps per burst, reference: $REF_CLIENTS clients x $REF_SECONDS s"
+for round in $(seq 1 "$ROUNDS"); do
+	for build in BASE NEW; do
+		p=${build}_PREFIX t=${build}_TREE tag=r$round-$(tr A-Z a-z <<<"$build")
+		echo "=== round $round $build ($(cut -d' ' -f1-3 /proc/loadavg) load)"
+		start_server "$build" "${!p}" "$tag"
+		"${!t}/bench/dwarf-bench" -dsn "host=$SOCK port=$PORT dbname=bench user=postgres" \
+			-workload linear -steps 10 -reference -setup-only >/dev/null
+		read -r steps sps create_s walb recs cpu wcpu other ok < <(burst "$WARM")
+		echo "  warm-up burst: $steps steps ($ok of $WARM flows completed), $sps steps/s, WAL $walb B/step"
+		ref1=$(reference)
+		for b in $(seq 1 "$BURSTS"); do
+			q -c "CHECKPOINT"
+			sleep 1
+			read -r steps sps create_s walb recs cpu wcpu other ok < <(burst "$FLOWS")
+			echo "  burst $b: $steps steps ($ok of $FLOWS flows completed), $sps steps/s, create ${create_s} s," \
+				"WAL $walb B/step, $recs records/step, CPU $cpu us/step (workers $wcpu), other load $other cores"
+			BURST[$b]="$sps $walb $recs $cpu $wcpu $create_s $other $ok"
+		done
+		ref2=$(reference)
+		ref=$(awk -v a="$ref1" -v b="$ref2" 'BEGIN {printf "%d", (a + b) / 2 + 0.5}')
+		echo "  reference: $ref1 tps before the bursts, $ref2 after ($REF_CLIENTS clients), mean $ref"
+		for b in $(seq 1 "$BURSTS"); do
+			read -r sps walb recs cpu wcpu create_s other ok <<<"${BURST[$b]}"
+			ratio=$(awk -v s="$sps" -v r="$ref" 'BEGIN {printf (r > 0 ? "%.2f" : "-"), s / r}')
+			ROWS+=("| $round | $build | $b | $sps | $ref1 / $ref2 | **$ratio** | $walb | $recs | $cpu | $wcpu | $create_s | $other | $ok/$FLOWS |")
+		done
+		if [[ $SLOW == 1 ]]; then
+			s=$(PSQL=$PSQL_BIN timeout 330 "$HERE/slow-steps.sh" 2>&1) || s+=$'\nslow-steps.sh FAILED'
+			sed 's/^/  /' <<<"$s"
+			r=$(grep '^RESULT' <<<"$s" || true)
+			v() { sed -nE "s/.* $1=([^ ]*).*/\1/p" <<<" $r"; }
+			SLOWROWS+=("| $round | $build | $(v alone_median_ms) / $(v alone_max_ms) | $(v quick_ok)/$(v quick_runs) | $(v quick_median_ms) | $(v quick_p90_ms) | **$(v quick_max_ms)** | $(v still_running) | $(v slow_done)/$(v slow_flows) | $(v slow_first_s) | **$(v slow_all_s)** | $(v slow_overlap) |")
+		fi
+		stop_server
+		# what the log says before the shutdown request (workers then end with FATAL, as expected)
+		bad=$(sed '/received fast shutdown request/q' "$OUT/$tag.log" |
+			grep -E '(ERROR|FATAL|PANIC|WARNING):|terminated by signal|exited with exit code [1-9]' || true)
+		echo "  server log $OUT/$tag.log: $(grep -c . <<<"$bad" || true) error/warning lines before shutdown"
+		[[ -z $bad ]] || sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //; s/[0-9]+/N/g' <<<"$bad" |
+			sort | uniq -c | sort -rn | head -8 | sed 's/^/    /'
+		LOGS+=("$tag: $(grep -c . <<<"$bad" || true)")
+	done
+done
+
+echo
+echo "Speed: $FLOWS ten-step no-op flows created in one transaction, then waited for; reference = pgbench reference.sql, $REF_CLIENTS clients, $REF_SECONDS s"
+echo
+echo "| round | build | burst | steps/s | reference tps before / after | ratio to their mean | WAL B/step | WAL records/step | server CPU us/step | workers' CPU us/step | create s | other load (cores) | completed |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${ROWS[@]}"
+if [[ $SLOW == 1 ]]; then
+	echo
+	echo "Time: bench/slow-steps.sh (pg_sleep(3) task known slow, 8 flows of it at once, then 30 dwarf.run of a 2-step no-op graph)"
+	echo
+	echo "| round | build | quick run alone: median / max ms | quick runs completed | median ms | p90 ms | max ms | slow flows running after the 30 runs | slow completed | first slow done s | all slow done s | slow steps overlapped |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+	printf '%s\n' "${SLOWROWS[@]}"
+fi
+echo
+echo "Server log lines with ERROR, FATAL, PANIC, WARNING or a failed process, before shutdown: ${LOGS[*]}"
