@@ -43,7 +43,7 @@ typedef struct LauncherDb
 	uint64		started_gen[DWARF_MAX_WORKERS];	/* rescan generation at start */
 } LauncherDb;
 
-#define LAUNCHER_MAX_DBS 64
+#define LAUNCHER_MAX_DBS 1024
 #define RESTART_DELAY_MS 1000
 
 static LauncherDb dbs[LAUNCHER_MAX_DBS];
@@ -229,6 +229,11 @@ RefreshDatabases(bool reprobe)
 			dbs[ndbs].dboid = dboid;
 			ndbs++;
 		}
+		else if (!known)
+			ereport(WARNING,
+					(errmsg("dwarf: database %u gets no workers: the launcher tends at most %d databases",
+							dboid, LAUNCHER_MAX_DBS),
+					 errhint("Drop the extension from databases that do not use it.")));
 	}
 	for (i = 0; i < ndbs; i++)
 	{
@@ -236,6 +241,21 @@ RefreshDatabases(bool reprobe)
 			dbs[i].absent = true;	/* dropped; its workers are gone */
 		else if (reprobe)
 			dbs[i].absent = false;
+	}
+	/* Forget dropped databases whose workers have all stopped. */
+	for (i = 0; i < ndbs; i++)
+	{
+		int			w;
+		bool		idle = true;
+
+		for (w = 0; w < DWARF_MAX_WORKERS && w < lengthof(dbs[i].handles); w++)
+			if (dbs[i].handles[w] != NULL)
+				idle = false;
+		if (idle && !list_member_oid(oids, dbs[i].dboid))
+		{
+			dbs[i] = dbs[--ndbs];
+			i--;
+		}
 	}
 	list_free(oids);
 }
@@ -303,6 +323,32 @@ TendWorkers(void)
 }
 
 /*
+ * Waits until the workers an earlier launcher left are gone (they were
+ * told to stop), so that no flow ever has two workers; at most a minute.
+ */
+static void
+WaitForOrphans(pid_t *pids, int n)
+{
+	int			waited;
+
+	for (waited = 0; waited < 600; waited++)
+	{
+		int			alive = 0;
+		int			i;
+
+		for (i = 0; i < n; i++)
+			if (pids[i] > 0 && kill(pids[i], 0) == 0)
+				alive++;
+		if (alive == 0)
+			return;
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(100 * 1000L);
+	}
+	ereport(LOG,
+			(errmsg("dwarf: workers of an earlier launcher are still running after a minute; starting new ones anyway")));
+}
+
+/*
  * The launcher's main loop.  It sleeps until a worker starts or stops
  * (bgw_notify_pid), a rescan is asked for, or a delayed restart is due.
  */
@@ -310,7 +356,8 @@ void
 DwarfLauncherMain(Datum arg)
 {
 	bool		first = true;
-	bool		orphans = false;
+	pid_t		orphans[DWARF_MAX_WORKERS];
+	int			norphans = 0;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -333,13 +380,12 @@ DwarfLauncherMain(Datum arg)
 			continue;
 		if (Dwarf->workers[i].pid > 0)
 		{
+			orphans[norphans++] = Dwarf->workers[i].pid;
 			kill(Dwarf->workers[i].pid, SIGTERM);
-			orphans = true;
 		}
 		ReleaseSlot(i);
 	}
-	if (orphans)
-		pg_usleep(RESTART_DELAY_MS * 1000L);
+	WaitForOrphans(orphans, norphans);
 
 	for (;;)
 	{

@@ -227,9 +227,8 @@ PopBatch(int max)
 	return batch;
 }
 
-/* Sets up the queue, in WorkerContext; once, when the worker starts. */
-void
-QueueInit(void)
+static void
+MakeFairKeys(void)
 {
 	HASHCTL		ctl;
 
@@ -238,8 +237,30 @@ QueueInit(void)
 	ctl.hcxt = WorkerContext;
 	FairKeys = hash_create("dwarf fairness keys", 64, &ctl,
 						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+}
+
+/* Sets up the queue, in WorkerContext; once, when the worker starts. */
+void
+QueueInit(void)
+{
+	MakeFairKeys();
 	Ready = pairingheap_allocate(ReadyCompare, NULL);
 	Timers = pairingheap_allocate(TimerCompare, NULL);
+}
+
+/*
+ * Forgets the fairness keys once nothing is queued (entries point at
+ * them): a key met again starts at the current virtual time, as a new one
+ * does, so nothing changes but the memory.
+ */
+void
+QueuePruneFairKeys(void)
+{
+	if (hash_get_num_entries(FairKeys) < 1024 ||
+		!pairingheap_is_empty(Ready) || !pairingheap_is_empty(Timers))
+		return;
+	hash_destroy(FairKeys);
+	MakeFairKeys();
 }
 
 /* Is a step ready that this worker may start now (priority allowing)? */

@@ -949,6 +949,7 @@ DwarfWorkerMain(Datum arg)
 		 * signal or the next timer.
 		 */
 		pgstat_report_stat(true);
+		QueuePruneFairKeys();
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_EXIT_ON_PM_DEATH |
 						 (next_timer >= 0 ? WL_TIMEOUT : 0),

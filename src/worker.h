@@ -71,6 +71,7 @@ extern int	CrashesOf(int64 flow_id, int token_id);
 /* queue.c */
 extern int64 ReadyCount;
 extern void QueueInit(void);
+extern void QueuePruneFairKeys(void);
 extern void EnqueueRunnable(FlowRun *flow);
 extern long MoveDueTimers(void);
 extern List *PopBatch(int max);
