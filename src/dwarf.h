@@ -278,6 +278,7 @@ extern Reducer *ReducersFromJsonb(Jsonb *reducers, int *nreducers);
 extern void GraphPrepareCalls(Graph *graph);
 extern bool GraphCallsFunction(Graph *graph, uint32 hashvalue);
 extern int	GraphNodeByName(Graph *graph, const char *name);
+extern int	GraphStartNode(Graph *graph, const char *start_task);
 extern Edge *GraphGotoEdge(Graph *graph, int from, int to);
 
 /* ---------- merge.c: states, changes and reducers ---------- */

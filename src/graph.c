@@ -833,6 +833,15 @@ GraphCallsFunction(Graph *graph, uint32 hashvalue)
 	return false;
 }
 
+/* Where a flow starts: its start_task (fork, continue) if the graph has it, else the entry. */
+int
+GraphStartNode(Graph *graph, const char *start_task)
+{
+	int			node = start_task ? GraphNodeByName(graph, start_task) : -1;
+
+	return node >= 0 ? node : graph->entry;
+}
+
 Edge *
 GraphGotoEdge(Graph *graph, int from, int to)
 {

@@ -496,8 +496,6 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 	MemoryContext outer = CurrentMemoryContext;
 	FlowRun		flow = {0};
 	Graph	   *graph;
-	char	   *start_task;
-	int			start;
 	Jsonb	   *state;
 	bool		isnull;
 	uint64		i;
@@ -523,11 +521,9 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 	graph = GraphParse(DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 													1, &isnull)),
 					   CurrentMemoryContext, false);
-	start_task = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
-	start = start_task && GraphNodeByName(graph, start_task) >= 0 ?
-		GraphNodeByName(graph, start_task) : graph->entry;
 	flow.id = flow_id;
-	FlowRunCreate(&flow, graph, start,
+	FlowRunCreate(&flow, graph,
+				  GraphStartNode(graph, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3)),
 				  DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 											   2, &isnull)),
 				  CurrentMemoryContext);

@@ -382,8 +382,6 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	bool		found;
 	FlowRun    *flow;
 	Datum		d;
-	char	   *start_task;
-	int			start;
 	MemoryContext old;
 
 	/*
@@ -412,14 +410,10 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 			elog(ERROR, "dwarf: could not fail flow " INT64_FORMAT, id);
 		return NULL;
 	}
-	start = graph->entry;
 	flow = hash_search(Flows, &id, HASH_ENTER, &found);
 	if (found)
 		return flow;
-	start_task = SPI_getvalue(tup, desc, 12);
-	if (start_task && GraphNodeByName(graph, start_task) >= 0)
-		start = GraphNodeByName(graph, start_task);
-	FlowRunCreate(flow, graph, start,
+	FlowRunCreate(flow, graph, GraphStartNode(graph, SPI_getvalue(tup, desc, 12)),
 				  DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)), WorkerContext);
 	flow->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
 	flow->priority = DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull));
