@@ -80,6 +80,22 @@ TimerCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
 	return x->due < y->due ? 1 : (x->due > y->due ? -1 : 0);
 }
 
+/* An entry for a token, not on any queue yet. */
+ReadyEntry *
+NewReadyEntry(FlowRun *flow, Token *token)
+{
+	ReadyEntry *entry = MemoryContextAllocZero(WorkerContext, sizeof(ReadyEntry));
+
+	entry->flow_id = flow->id;
+	entry->token_id = token->id;
+	entry->priority = flow->priority;
+	entry->seq = ReadySeq++;
+	entry->due = token->due;
+	entry->fair = GetFairKey(flow->fairness_key);
+	entry->weight = Max(flow->fairness_weight, 1);
+	return entry;
+}
+
 /*
  * Queues every token of a running flow that can run and is not queued yet:
  * on the ready queue, or on the timer heap when it is due later.
@@ -104,15 +120,7 @@ EnqueueRunnable(FlowRun *flow)
 			token->running = true;	/* a runner has it */
 			continue;
 		}
-		entry = MemoryContextAlloc(WorkerContext, sizeof(ReadyEntry));
-		entry->flow_id = flow->id;
-		entry->token_id = token->id;
-		entry->priority = flow->priority;
-		entry->seq = ReadySeq++;
-		entry->due = token->due;
-		entry->fair = GetFairKey(flow->fairness_key);
-		entry->weight = Max(flow->fairness_weight, 1);
-		entry->contended = 0;
+		entry = NewReadyEntry(flow, token);
 		token->queued = true;
 		if (token->due > now)
 			pairingheap_add(Timers, &entry->ph);

@@ -32,6 +32,7 @@ typedef struct ReadyEntry
 	int32		weight;
 	double		vtime;
 	int			contended;		/* lock conflicts it met so far (worker.c) */
+	bool		chained;		/* added to a batch after its predecessor (worker.c) */
 } ReadyEntry;
 
 /* A flow to load: from a note, a run request or a table scan. */
@@ -73,6 +74,7 @@ extern int64 ReadyCount;
 extern void QueueInit(void);
 extern void QueuePruneFairKeys(void);
 extern void EnqueueRunnable(FlowRun *flow);
+extern ReadyEntry *NewReadyEntry(FlowRun *flow, Token *token);
 extern long MoveDueTimers(void);
 extern List *PopBatch(int max);
 extern void PublishPriority(void);
