@@ -5,9 +5,13 @@
  *		transaction (one WAL flush) per batch.
  *
  * Per step the worker calls the task through fmgr with a cached FmgrInfo,
- * as the flow's owner, appends one dwarf.step row and moves the flow on in
- * memory.  The flow row is written only when the flow closes.  Successors
- * become runnable only once the batch has committed.
+ * as the flow's owner in a security-restricted operation, appends one
+ * dwarf.step row and moves the flow on in memory.  The flow row is written
+ * only when the flow closes.  A successor that is ready at once runs in the
+ * same batch (chaining); others are queued once the batch has committed.
+ * A batch stops starting steps after dwarf.batch_time; slow tasks' steps go
+ * to runners (runner.c); a step that met a lock conflict while sharing the
+ * transaction runs again alone.
  *
  * A batch first runs optimistically with no subtransactions.  If anything in
  * it fails, the transaction is rolled back, the flows it touched are
