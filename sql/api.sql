@@ -101,6 +101,9 @@ SELECT status, error FROM dwarf.run('api_boom', '{}');
 ROLLBACK;
 
 -- A slow flow: await with a short timeout returns it running, without error
+-- (api.slow has run once before, so dwarf knows it is slow: its steps are
+-- not chained after A's, they run on their own, in runners)
+SELECT status FROM dwarf.run('api_slow', '{"tag": "first"}', timeout => '30 s');
 SELECT dwarf.create('api_slow', '{"tag": "slow"}') AS s_id \gset
 SELECT flow_id = :s_id AS same_id, status, state, error FROM dwarf.await(:s_id, '100 ms');
 SELECT status, state FROM dwarf.await(:s_id, '0 s');

@@ -76,6 +76,7 @@ typedef struct DwarfWorkerSlot
 	Latch	   *latch;			/* the worker's latch while it runs */
 	bool		no_extension;	/* it exited: dwarf is not installed there */
 	volatile int32 best_priority;	/* of its ready steps; PG_INT32_MAX: none */
+	volatile int32 running_priority;	/* best of the batch it runs, or PG_INT32_MAX */
 
 	slock_t		mutex;			/* protects the ring */
 	uint32		head;			/* next note to read */

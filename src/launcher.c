@@ -144,6 +144,7 @@ ClaimSlot(Oid dboid, int index)
 			slot->latch = NULL;
 			slot->no_extension = false;
 			slot->best_priority = PG_INT32_MAX;
+			slot->running_priority = PG_INT32_MAX;
 			slot->head = slot->tail = 0;
 			slot->overflow = false;
 			SpinLockRelease(&slot->mutex);

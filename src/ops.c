@@ -499,6 +499,7 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 	Jsonb	   *state;
 	bool		isnull;
 	uint64		i;
+	SavedUser	saved;
 
 	args[0] = Int64GetDatum(flow_id);
 	if (PG_ARGISNULL(1))
@@ -518,9 +519,15 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 		SPI_finish();
 		PG_RETURN_NULL();
 	}
+	/*
+	 * The stored definition names its functions qualified; looking them up
+	 * needs no rights of the caller's (replay calls none of them).
+	 */
+	saved = BecomeOwner();
 	graph = GraphParse(DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 													1, &isnull)),
 					   CurrentMemoryContext, false);
+	RestoreUser(saved);
 	flow.id = flow_id;
 	FlowRunCreate(&flow, graph,
 				  GraphStartNode(graph, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3)),

@@ -106,8 +106,8 @@ EnqueueRunnable(FlowRun *flow)
 	TimestampTz now = GetCurrentTimestamp();
 	ListCell   *lc;
 
-	if (flow->status != FLOW_RUNNING)
-		return;
+	if (flow->status != FLOW_RUNNING || FlowIsLent(flow->id))
+		return;					/* a lent flow is queued again when it returns */
 	foreach(lc, flow->tokens)
 	{
 		Token	   *token = lfirst(lc);
@@ -115,11 +115,6 @@ EnqueueRunnable(FlowRun *flow)
 
 		if (token->queued || token->running || token->parked)
 			continue;
-		if (TokenIsLent(flow->id, token->id))
-		{
-			token->running = true;	/* a runner has it */
-			continue;
-		}
 		entry = NewReadyEntry(flow, token);
 		token->queued = true;
 		if (token->due > now)
@@ -202,6 +197,28 @@ DatabaseBestPriority(void)
 		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
 			slot->best_priority < best)
 			best = slot->best_priority;
+	}
+	return best;
+}
+
+/*
+ * The best priority of the batches the database's other workers are
+ * running: a step chains its successors only if no better work runs
+ * elsewhere (strict priority holds for chained steps too).
+ */
+int32
+OthersRunningPriority(void)
+{
+	int32		best = PG_INT32_MAX;
+	int			i;
+
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
+			slot->running_priority < best)
+			best = slot->running_priority;
 	}
 	return best;
 }

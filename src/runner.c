@@ -11,9 +11,12 @@
  * step, at most dwarf.max_runners at a time (steps wait for a free one).
  * The runner loads the flow from the tables as a restart would, runs the
  * step as a batch of one, isolated, commits, and says it is done; the
- * owner then reloads the flow and moves it on.  While a step is lent, its
- * owner never queues it, however often it reloads the flow.  A slow task
- * that runs quickly again comes back to the workers.
+ * owner then reloads the flow and moves it on.  While a step is lent, no
+ * other step of its flow runs, however often the owner reloads it: the
+ * runner's copy of the flow must stay the flow.  A step is lent only from a
+ * batch that holds no other step of its flow, before the batch starts (its
+ * input is committed).  A slow task that runs quickly again comes back to
+ * the workers.
  *
  * A runner that dies before it is done gives its step back: the owner
  * reloads the flow, and the step runs again.
@@ -22,6 +25,7 @@
 
 #include <signal.h>
 
+#include "commands/sequence.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -118,18 +122,20 @@ NoteTaskTime(GraphNode *node, int64 us)
 
 /* ---------- the lending worker's side ---------- */
 
+/*
+ * Has this flow a step at a runner?  Then no other step of it runs until
+ * the runner is done: the runner works from the flow's committed steps, and
+ * a step of the worker's meanwhile would make tokens the runner's copy
+ * knows nothing of.
+ */
 bool
-TokenIsLent(int64 flow_id, int token_id)
+FlowIsLent(int64 flow_id)
 {
 	ListCell   *lc;
 
 	foreach(lc, LentSteps)
-	{
-		Lent	   *lent = lfirst(lc);
-
-		if (lent->flow_id == flow_id && lent->token_id == token_id)
+		if (((Lent *) lfirst(lc))->flow_id == flow_id)
 			return true;
-	}
 	return false;
 }
 
@@ -195,6 +201,21 @@ StartRunner(Lent *lent)
 }
 
 /*
+ * Is this step one for a runner: a slow task's, or one that ended its
+ * process before (until it has done so too often: then the worker fails it
+ * in CallTask)?
+ */
+bool
+RunnerWants(FlowRun *flow, Token *token)
+{
+	GraphNode  *node = &flow->graph->nodes[token->node];
+	int			crashes = CrashesOf(flow->id, token->id);
+
+	return !IsRunner && MaxRunners() > 0 && OidIsValid(node->fn) &&
+		crashes < dwarf_step_crashes && (crashes > 0 || TaskIsSlow(node));
+}
+
+/*
  * Lends a step of a slow task to a runner, or keeps it for the next free
  * one.  Returns false when the worker should run the step itself: the task
  * is not slow, runners are off, or none can start and none of ours is
@@ -203,18 +224,10 @@ StartRunner(Lent *lent)
 bool
 RunnerLend(FlowRun *flow, Token *token)
 {
-	GraphNode  *node = &flow->graph->nodes[token->node];
 	MemoryContext old;
 	Lent	   *lent;
 
-	int			crashes = CrashesOf(flow->id, token->id);
-
-	/*
-	 * A step that ended its process before runs in a runner, until it has
-	 * done so too often: then the worker fails it (CallTask).
-	 */
-	if (IsRunner || MaxRunners() == 0 || !OidIsValid(node->fn) ||
-		crashes >= dwarf_step_crashes || (crashes == 0 && !TaskIsSlow(node)))
+	if (!RunnerWants(flow, token))
 		return false;
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	lent = palloc0(sizeof(Lent));
@@ -305,6 +318,13 @@ RunnerPoll(void)
 		}
 		if (!RunnerFinished(lent))
 			continue;
+
+		/*
+		 * The runner took its step's id from a block of dwarf.step_seq
+		 * above ours: ours must come from a new block, or the flow's next
+		 * step would sort before the runner's, and replay in the wrong order.
+		 */
+		ResetSequenceCaches();
 		{
 			FlowRun    *flow = hash_search(Flows, &lent->flow_id, HASH_FIND, NULL);
 

@@ -570,8 +570,8 @@ ChangedSince(uint32 *seen, int64 flow_id)
  * time), so that a short flow commits once or twice rather than once a
  * step.  The successors see their predecessor's writes (same transaction);
  * no one else sees any of them before the commit, and a rolled-back batch
- * takes them all back, so replay and exactly-once are unchanged.  Chained
- * steps are not lent to runners: a runner reads only what is committed.
+ * takes them all back, so replay and exactly-once are unchanged.  A step
+ * for a runner is not chained: it is lent once its input has committed.
  */
 static List *
 ChainSuccessors(List *batch, FlowRun *flow)
@@ -579,7 +579,8 @@ ChainSuccessors(List *batch, FlowRun *flow)
 	TimestampTz now = 0;
 	ListCell   *lc;
 
-	if (flow->status != FLOW_RUNNING || flow->priority > DatabaseBestPriority())
+	if (flow->status != FLOW_RUNNING || flow->priority > DatabaseBestPriority() ||
+		flow->priority > OthersRunningPriority())
 		return batch;
 	foreach(lc, flow->tokens)
 	{
@@ -592,8 +593,9 @@ ChainSuccessors(List *batch, FlowRun *flow)
 			continue;
 		if (token->due > 0 && token->due > (now ? now : (now = GetCurrentTimestamp())))
 			continue;
+		if (RunnerWants(flow, token))
+			continue;			/* queued after the commit, and lent */
 		entry = NewReadyEntry(flow, token);
-		entry->chained = true;
 		token->running = true;
 		batch = lappend(batch, entry);
 	}
@@ -634,6 +636,14 @@ RunEntries(List *entries, bool isolated, bool alone)
 	PreparePlans();
 	(void) ChangedSince(&seen, 0);
 	deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
+	if (!IsRunner)
+	{
+		int32		best = PG_INT32_MAX;
+
+		foreach(lc, batch)
+			best = Min(best, ((ReadyEntry *) lfirst(lc))->priority);
+		MySlot->running_priority = best;
+	}
 
 	PG_TRY();
 	{
@@ -646,14 +656,12 @@ RunEntries(List *entries, bool isolated, bool alone)
 
 			if (token == NULL || flow->status != FLOW_RUNNING)
 				continue;		/* its flow closed or broke earlier in the batch */
-			if (ChangedSince(&seen, flow->id) ||
+			if (ChangedSince(&seen, flow->id) || FlowIsLent(flow->id) ||
 				(ran > 0 && GetCurrentTimestamp() > deadline))
 			{
 				token->running = false; /* queued again after the commit */
 				continue;
 			}
-			if (!alone && !entry->chained && RunnerLend(flow, token))
-				continue;		/* it stays "running" until the runner is done */
 			result = RunStep(flow, token, isolated,
 							 alone ? entry->contended < DWARF_CONTENTION_TRIES : ran > 0);
 			token = FlowFindToken(flow, entry->token_id);
@@ -701,6 +709,8 @@ RunEntries(List *entries, bool isolated, bool alone)
 		ErrorData  *edata;
 
 		CrashesNoteStep(0, 0);
+		if (!IsRunner)
+			MySlot->running_priority = PG_INT32_MAX;
 		MemoryContextSwitchTo(BatchContext);
 		edata = CopyErrorData();
 		FlushErrorState();
@@ -736,6 +746,8 @@ RunEntries(List *entries, bool isolated, bool alone)
 	}
 	PG_END_TRY();
 	pgstat_report_activity(STATE_IDLE, NULL);
+	if (!IsRunner)
+		MySlot->running_priority = PG_INT32_MAX;
 
 	closed = palloc(sizeof(int64) * list_length(batch));
 	foreach(lc, batch)
@@ -762,6 +774,38 @@ RunEntries(List *entries, bool isolated, bool alone)
 	pgstat_report_stat(false);	/* WAL and commit counters, at most once a second */
 	pg_atomic_fetch_add_u64(&MySlot->batches, 1);
 	list_free_deep(batch);
+}
+
+/*
+ * Takes out of a batch, before it starts, the steps to lend to runners: a
+ * slow task's step, alone of its flow in the batch (see runner.c).
+ */
+static List *
+LendSlowSteps(List *batch)
+{
+	ListCell   *lc;
+
+	foreach(lc, batch)
+	{
+		ReadyEntry *entry = lfirst(lc);
+		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+		ListCell   *other;
+		bool		alone = true;
+
+		if (token == NULL || FlowIsLent(flow->id) || !RunnerWants(flow, token))
+			continue;
+		foreach(other, batch)
+			if (lfirst(other) != entry &&
+				((ReadyEntry *) lfirst(other))->flow_id == entry->flow_id)
+				alone = false;
+		if (alone && RunnerLend(flow, token))
+		{
+			batch = foreach_delete_current(batch, lc);
+			pfree(entry);		/* the token stays "running" until the runner is done */
+		}
+	}
+	return batch;
 }
 
 /*
@@ -802,8 +846,8 @@ RunBatch(void)
 	IsolateNext = false;
 	if (RunAloneStep())
 		return;
-	batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
-					 : dwarf_batch_size);
+	batch = LendSlowSteps(PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
+								   : dwarf_batch_size));
 	if (batch != NIL)
 		RunEntries(batch, isolated, false);
 }

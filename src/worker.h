@@ -32,7 +32,6 @@ typedef struct ReadyEntry
 	int32		weight;
 	double		vtime;
 	int			contended;		/* lock conflicts it met so far (worker.c) */
-	bool		chained;		/* added to a batch after its predecessor (worker.c) */
 } ReadyEntry;
 
 /* A flow to load: from a note, a run request or a table scan. */
@@ -56,10 +55,11 @@ extern void RunEntries(List *batch, bool isolated, bool alone);
 extern bool RunAloneStep(void);
 
 /* runner.c */
+extern bool RunnerWants(FlowRun *flow, Token *token);
 extern bool RunnerLend(FlowRun *flow, Token *token);
 extern long RunnerPoll(void);
 extern void RunnerAdopt(void);
-extern bool TokenIsLent(int64 flow_id, int token_id);
+extern bool FlowIsLent(int64 flow_id);
 extern void NoteTaskTime(GraphNode *node, int64 us);
 
 /* crashes.c */
@@ -80,6 +80,7 @@ extern List *PopBatch(int max);
 extern void PublishPriority(void);
 extern int32 BestReadyPriority(void);
 extern int32 DatabaseBestPriority(void);
+extern int32 OthersRunningPriority(void);
 extern bool QueueHasRunnable(void);
 extern bool QueueHasReady(void);
 
