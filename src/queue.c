@@ -203,8 +203,9 @@ DatabaseBestPriority(void)
 
 /*
  * The best priority of the batches the database's other workers are
- * running: a step chains its successors only if no better work runs
- * elsewhere (strict priority holds for chained steps too).
+ * running.  No worker starts a step, nor chains one, while better work is
+ * ready or running elsewhere: priority stays strict when a batch runs a
+ * flow's steps one after another.
  */
 int32
 OthersRunningPriority(void)
@@ -223,12 +224,45 @@ OthersRunningPriority(void)
 	return best;
 }
 
+/* Publishes the best priority of the batch this worker starts. */
+void
+SetRunningPriority(List *batch)
+{
+	int32		best = PG_INT32_MAX;
+	ListCell   *lc;
+
+	foreach(lc, batch)
+		best = Min(best, ((ReadyEntry *) lfirst(lc))->priority);
+	MySlot->running_priority = best;
+}
+
+/*
+ * The batch is over: workers that held worse ready work back for it may go
+ * on (they would otherwise look again only after their 100 ms timeout).
+ */
+void
+ClearRunningPriority(void)
+{
+	int32		was = MySlot->running_priority;
+	int			i;
+
+	MySlot->running_priority = PG_INT32_MAX;
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+
+		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
+			slot->best_priority > was && slot->best_priority != PG_INT32_MAX)
+			SetLatch(slot->latch);
+	}
+}
+
 /* Pops up to max runnable tokens, skipping entries whose flow moved on. */
 List *
 PopBatch(int max)
 {
 	List	   *batch = NIL;
-	int32		limit = DatabaseBestPriority();
+	int32		limit = Min(DatabaseBestPriority(), OthersRunningPriority());
 
 	while (list_length(batch) < max && !pairingheap_is_empty(Ready) &&
 		   BestReadyPriority() <= limit)
@@ -292,7 +326,8 @@ QueuePruneFairKeys(void)
 bool
 QueueHasRunnable(void)
 {
-	return !pairingheap_is_empty(Ready) && BestReadyPriority() <= DatabaseBestPriority();
+	return !pairingheap_is_empty(Ready) &&
+		BestReadyPriority() <= Min(DatabaseBestPriority(), OthersRunningPriority());
 }
 
 /* Is any step ready, even one held back for another worker's better priority? */

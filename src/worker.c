@@ -637,13 +637,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 	(void) ChangedSince(&seen, 0);
 	deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
 	if (!IsRunner)
-	{
-		int32		best = PG_INT32_MAX;
-
-		foreach(lc, batch)
-			best = Min(best, ((ReadyEntry *) lfirst(lc))->priority);
-		MySlot->running_priority = best;
-	}
+		SetRunningPriority(batch);
 
 	PG_TRY();
 	{
@@ -710,7 +704,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 
 		CrashesNoteStep(0, 0);
 		if (!IsRunner)
-			MySlot->running_priority = PG_INT32_MAX;
+			ClearRunningPriority();
 		MemoryContextSwitchTo(BatchContext);
 		edata = CopyErrorData();
 		FlushErrorState();
@@ -747,7 +741,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 	PG_END_TRY();
 	pgstat_report_activity(STATE_IDLE, NULL);
 	if (!IsRunner)
-		MySlot->running_priority = PG_INT32_MAX;
+		ClearRunningPriority();
 
 	closed = palloc(sizeof(int64) * list_length(batch));
 	foreach(lc, batch)

@@ -81,6 +81,8 @@ extern void PublishPriority(void);
 extern int32 BestReadyPriority(void);
 extern int32 DatabaseBestPriority(void);
 extern int32 OthersRunningPriority(void);
+extern void SetRunningPriority(List *batch);
+extern void ClearRunningPriority(void);
 extern bool QueueHasRunnable(void);
 extern bool QueueHasReady(void);
 
