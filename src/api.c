@@ -487,6 +487,24 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
  * run request carry), from the arguments of dwarf.create/dwarf.run that
  * follow idempotency_key, starting at argument first.
  */
+/* A key argument (idempotency key, thread, fairness key), checked for length. */
+static text *
+KeyArg(FunctionCallInfo fcinfo, int arg, const char *what)
+{
+	text	   *key;
+
+	if (PG_ARGISNULL(arg))
+		return NULL;
+	key = PG_GETARG_TEXT_PP(arg);
+	if (VARSIZE_ANY_EXHDR(key) > DWARF_MAX_KEY)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is %d bytes, more than the %d allowed", what,
+						(int) VARSIZE_ANY_EXHDR(key), DWARF_MAX_KEY),
+				 errhint("Use a hash of it (md5(...), say) if it must be longer.")));
+	return key;
+}
+
 static Jsonb *
 OptionsFromArgs(FunctionCallInfo fcinfo, int first)
 {
@@ -498,7 +516,7 @@ OptionsFromArgs(FunctionCallInfo fcinfo, int first)
 	{
 		keys[n] = "fairness_key";
 		values[n].type = jbvString;
-		values[n].val.string.val = text_to_cstring(PG_GETARG_TEXT_PP(first));
+		values[n].val.string.val = text_to_cstring(KeyArg(fcinfo, first, "fairness_key"));
 		values[n].val.string.len = strlen(values[n].val.string.val);
 		n++;
 	}
@@ -552,7 +570,7 @@ OptionsFromArgs(FunctionCallInfo fcinfo, int first)
 	{
 		keys[n] = "thread";
 		values[n].type = jbvString;
-		values[n].val.string.val = text_to_cstring(PG_GETARG_TEXT_PP(first + 5));
+		values[n].val.string.val = text_to_cstring(KeyArg(fcinfo, first + 5, "thread"));
 		values[n].val.string.len = strlen(values[n].val.string.val);
 		n++;
 	}
@@ -601,7 +619,7 @@ dwarf_create(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 2, "priority");
 	PG_RETURN_INT64(CreateFlow(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 							   PG_GETARG_INT32(2),
-							   PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3),
+							   KeyArg(fcinfo, 3, "idempotency_key"),
 							   OptionsFromArgs(fcinfo, 4)));
 }
 
@@ -808,6 +826,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	DwarfWorkerSlot *slot;
 	volatile int64 result = 0;
 	char		errmsg_buf[256];
+	volatile int sqlerrcode = 0;
 	volatile DwarfRequestState state = REQ_SUBMITTED;
 
 	int32		graph_id;
@@ -884,6 +903,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 			state = req->state;
 			result = req->flow_id;
 			strlcpy(errmsg_buf, req->errmsg, sizeof(errmsg_buf));
+			sqlerrcode = req->sqlerrcode;
 			SpinLockRelease(&req->mutex);
 			if (state != REQ_SUBMITTED && state != REQ_TAKEN)
 				break;
@@ -936,7 +956,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 
 	if (state == REQ_FAILED)
 		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
+				(errcode(sqlerrcode ? sqlerrcode : ERRCODE_INTERNAL_ERROR),
 				 errmsg("dwarf could not create the flow: %s", errmsg_buf)));
 	return result;
 }
@@ -972,7 +992,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 								  PG_GETARG_INT32(3),
-								  PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4),
+								  KeyArg(fcinfo, 4, "idempotency_key"),
 								  OptionsFromArgs(fcinfo, 5),
 								  Max(deadline, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 																			10000)));

@@ -43,6 +43,9 @@ extern int	dwarf_step_crashes;
 /* How deep dwarf.subgraph may nest flows (the root is depth 0). */
 #define DWARF_MAX_DEPTH		32
 
+/* Longest idempotency key, thread or fairness key (they are indexed). */
+#define DWARF_MAX_KEY		1024
+
 /* Most tasks a graph may have. */
 #define DWARF_MAX_TASKS		10000
 
@@ -114,6 +117,7 @@ typedef struct DwarfRequest
 	DwarfRequestState state;
 	dsm_handle	handle;			/* a RunRequest in DSM, or DSM_HANDLE_INVALID */
 	int64		flow_id;		/* the flow to await (set when done) */
+	int			sqlerrcode;		/* why it failed (set when failed) */
 	char		errmsg[256];
 	char		body[DWARF_INLINE_REQUEST] pg_attribute_aligned(MAXIMUM_ALIGNOF);	/* or here */
 } DwarfRequest;

@@ -807,7 +807,14 @@ GraphPrepareCalls(Graph *graph)
 	{
 		GraphNode  *node = &graph->nodes[i];
 
+		/*
+		 * A function dropped (and perhaps made again) since: look its name
+		 * up again; missing, the task's steps fail saying so.
+		 */
 		node->may_execute = InvalidOid;
+		if (node->fn_name &&
+			(!OidIsValid(node->fn) || !SearchSysCacheExists1(PROCOID, ObjectIdGetDatum(node->fn))))
+			node->fn = ResolveFunction(node->name, node->fn_name, false);
 		if (!OidIsValid(node->fn))
 			continue;
 		fmgr_info_cxt(node->fn, &node->flinfo, graph->calls_cxt);

@@ -138,7 +138,7 @@ typedef struct Created
 } Created;
 
 static void
-AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, const char *msg)
+AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, ErrorData *edata)
 {
 	DwarfRequest *req = &Dwarf->requests[procno];
 
@@ -147,7 +147,8 @@ AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, const char *ms
 	{
 		req->state = state;
 		req->flow_id = flow_id;
-		strlcpy(req->errmsg, msg ? msg : "", sizeof(req->errmsg));
+		req->sqlerrcode = edata ? edata->sqlerrcode : 0;
+		strlcpy(req->errmsg, edata && edata->message ? edata->message : "", sizeof(req->errmsg));
 	}
 	SpinLockRelease(&req->mutex);
 	SetLatch(&ProcGlobal->allProcs[procno].procLatch);
@@ -231,10 +232,27 @@ ProcessRunRequests(List *procnos)
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
-		ereport(LOG,
-				(errmsg("dwarf: could not create requested flows: %s", edata->message)));
+		if (list_length(procnos) == 1)
+		{
+			AnswerRequest(linitial_int(procnos), REQ_FAILED, 0, edata);
+			return;
+		}
+
+		/*
+		 * One request spoilt the transaction for all: give each back and
+		 * create them one at a time, so that only the bad one fails.
+		 */
 		foreach(lc, procnos)
-			AnswerRequest(lfirst_int(lc), REQ_FAILED, 0, edata->message);
+		{
+			DwarfRequest *req = &Dwarf->requests[lfirst_int(lc)];
+
+			SpinLockAcquire(&req->mutex);
+			if (req->state == REQ_TAKEN)
+				req->state = REQ_SUBMITTED;
+			SpinLockRelease(&req->mutex);
+		}
+		foreach(lc, procnos)
+			ProcessRunRequests(list_make1_int(lfirst_int(lc)));
 		return;
 	}
 	PG_END_TRY();
@@ -267,12 +285,12 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 	Datum		result;
 	Jsonb	   *changes;
 
+	if (!graph->prepared)
+		GraphPrepareCalls(graph);
 	if (!OidIsValid(node->fn))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_FUNCTION),
 				 errmsg("function %s of task \"%s\" does not exist", node->fn_name, node->name)));
-	if (!graph->prepared)
-		GraphPrepareCalls(graph);
 	if (CrashesOf(flow->id, token->id) >= dwarf_step_crashes)
 		ereport(ERROR,
 				(errcode(ERRCODE_INTERNAL_ERROR),
@@ -492,21 +510,25 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
 		if (shared && !advancing && IsContention(edata->sqlerrcode))
-			return STEP_CONTENDED;
-
-		outcome.kind = OUTCOME_ERROR;
-		outcome.changes = NULL;
-		outcome.goto_node = -1;
-		outcome.wake_at = 0;
-		outcome.signal = NULL;
-		outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
-		if (advancing)
-			result = STEP_BROKEN;
+			result = STEP_CONTENDED;	/* given back untouched, below */
 		else
-			FlowAdvance(flow, token, &outcome);
-		pg_atomic_fetch_add_u64(&MySlot->steps_failed, 1);
+		{
+			outcome.kind = OUTCOME_ERROR;
+			outcome.changes = NULL;
+			outcome.goto_node = -1;
+			outcome.wake_at = 0;
+			outcome.signal = NULL;
+			outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
+			if (advancing)
+				result = STEP_BROKEN;
+			else
+				FlowAdvance(flow, token, &outcome);
+			pg_atomic_fetch_add_u64(&MySlot->steps_failed, 1);
+		}
 	}
 	PG_END_TRY();
+	if (result == STEP_CONTENDED)
+		return result;
 
 	finished = returned ? returned : GetCurrentTimestamp();
 	NoteTaskTime(&flow->graph->nodes[node], finished - started);
@@ -574,7 +596,7 @@ ChangedSince(uint32 *seen, int64 flow_id)
  * for a runner is not chained: it is lent once its input has committed.
  */
 static List *
-ChainSuccessors(List *batch, FlowRun *flow)
+ChainSuccessors(List *batch, FlowRun *flow, int max)
 {
 	TimestampTz now = 0;
 	ListCell   *lc;
@@ -587,7 +609,7 @@ ChainSuccessors(List *batch, FlowRun *flow)
 		Token	   *token = lfirst(lc);
 		ReadyEntry *entry;
 
-		if (list_length(batch) >= dwarf_batch_size)
+		if (list_length(batch) >= max)
 			break;
 		if (token->queued || token->running || token->parked)
 			continue;
@@ -627,7 +649,8 @@ RunEntries(List *entries, bool isolated, bool alone)
 	TimestampTz deadline;
 	ListCell   *lc;
 
-	parked = palloc(sizeof(int64) * list_length(batch));
+	/* The batch may grow as steps chain, up to dwarf.batch_size. */
+	parked = palloc(sizeof(int64) * Max(list_length(batch), dwarf_batch_size));
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	SPI_connect();
@@ -687,10 +710,13 @@ RunEntries(List *entries, bool isolated, bool alone)
 			else if (token && token->parked && token->child == 0)
 			{
 				ParkRow(flow, token);
-				parked[nparked++] = flow->id;
+				if (nparked < Max(list_length(batch), dwarf_batch_size))
+					parked[nparked++] = flow->id;
 			}
 			else if (!alone)
-				batch = ChainSuccessors(batch, flow);
+				batch = ChainSuccessors(batch, flow,
+										isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) :
+										dwarf_batch_size);
 		}
 		CloseSteps();
 		PopActiveSnapshot();
@@ -739,6 +765,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 		return;
 	}
 	PG_END_TRY();
+	MemoryContextSwitchTo(BatchContext);	/* the commit left us in TopMemoryContext */
 	pgstat_report_activity(STATE_IDLE, NULL);
 	if (!IsRunner)
 		ClearRunningPriority();
