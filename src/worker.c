@@ -601,8 +601,13 @@ ChainSuccessors(List *batch, FlowRun *flow, int max)
 	TimestampTz now = 0;
 	ListCell   *lc;
 
-	if (flow->status != FLOW_RUNNING || flow->priority > DatabaseBestPriority() ||
-		flow->priority > OthersRunningPriority())
+	/*
+	 * A flow of lower priority than the default (above 0) yields after
+	 * every step, so that better work, even work another worker has not
+	 * loaded yet, comes first.
+	 */
+	if (flow->status != FLOW_RUNNING || flow->priority > 0 ||
+		flow->priority > DatabaseBestPriority() || flow->priority > OthersRunningPriority())
 		return batch;
 	foreach(lc, flow->tokens)
 	{
