@@ -24,10 +24,20 @@
 #      UPDATE per transaction), REF_CLIENTS (4) clients, REF_SECONDS (10) s,
 #      once before the measured bursts and once after; ratio = steps/s over
 #      the mean of the two;
-#   3. bench/slow-steps.sh (the time target).
+#   3. dwarf.run under pgbench (RUN=0 skips it): bench/pgbench/run_linear.sql
+#      at 1 client and at RUN_CLIENTS (32), bench/pgbench/run_fanout.sql at
+#      RUN_CLIENTS, RUN_SECONDS (10) s each, each next to reference.sql at the
+#      same client count (order: reference 1, linear 1, linear 32,
+#      reference 32, fan-out 32); steps/s = tps x steps per flow (10; the
+#      fan-out's width + 2, width read from run_fanout.sql); ratio = steps/s
+#      over the reference's tps at the same client count; mean latency is
+#      pgbench's "latency average"; server CPU per dwarf.run call and per step
+#      and WAL per step as for the bursts (flows and steps counted in
+#      dwarf.flow and dwarf.step); pgbench's own output in WORK/out;
+#   4. bench/slow-steps.sh (the time target).
 # Prints progress per (round, build), then the tables and what the server
 # logs said before each shutdown.
-# About 50-80 s per (round, build); raw output and server logs in WORK/out.
+# About 110-150 s per (round, build); raw output and server logs in WORK/out.
 set -euo pipefail
 BASE_PREFIX=${1:-${BASE_PREFIX:-/var/tmp/pg-base}}
 BASE_TREE=${2:-${BASE_TREE:-/var/tmp/dwarf-base}}
@@ -40,6 +50,9 @@ BURSTS=${BURSTS:-2}
 REF_CLIENTS=${REF_CLIENTS:-4}
 REF_SECONDS=${REF_SECONDS:-10}
 SLOW=${SLOW:-1}
+RUN=${RUN:-1}
+RUN_CLIENTS=${RUN_CLIENTS:-32}
+RUN_SECONDS=${RUN_SECONDS:-10}
 PORT=${PORT:-5491}
 WORK=${WORK:-/var/tmp/dwarf-iso}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -170,12 +183,57 @@ reference() {
 	awk '/^tps = .*without initial connection time/ {print int($3 + 0.5)}' <<<"$r"
 }
 
+# One pgbench run of bench/pgbench/$1 at $2 clients for RUN_SECONDS s, raw output in
+# $OUT/$tag-$3.txt.  Prints "tps latency_ms xacts failed aborted exit flows completed
+# steps server_cpu_us_per_flow server_cpu_us_per_step wal_b_per_step other_cores"
+# (flows, steps: rows added to dwarf.flow and dwarf.step meanwhile; other load =
+# machine CPU minus this server's and pgbench's own, in cores).
+pgb() {
+	local script=$1 c=$2 name=$3 j id0 lsn0 lsn1 c0 c1 m0 m1 t0 t1 r rc
+	local tps lat xacts failed aborted pcpu
+	j=$((c < 2 ? c : 2))
+	id0=$(q -c "SELECT coalesce(max(id), 0) FROM dwarf.flow")
+	lsn0=$(q -c "SELECT pg_current_wal_lsn()")
+	c0=$(server_ticks "$PM") m0=$(machine_ticks) t0=$(date +%s.%N)
+	r=$({
+		timeout $((RUN_SECONDS + 90)) "$RUNNING_BIN/pgbench" -n -M prepared -f "$HERE/pgbench/$script" \
+			-c "$c" -j "$j" -T "$RUN_SECONDS" 2>&1 && rc=0 || rc=$?
+		echo "exit status $rc"
+		times
+	})
+	c1=$(server_ticks "$PM") m1=$(machine_ticks) t1=$(date +%s.%N)
+	lsn1=$(q -c "SELECT pg_current_wal_lsn()")
+	printf '%s\n' "pgbench -n -M prepared -f bench/pgbench/$script -c $c -j $j -T $RUN_SECONDS" "$r" >"$OUT/$tag-$name.txt"
+	tps=$(awk '/^tps = .*without initial connection time/ {printf "%.1f", $3}' <<<"$r")
+	lat=$(awk '/^latency average = / {print $4}' <<<"$r")
+	xacts=$(awk '/^number of transactions actually processed:/ {print $6}' <<<"$r")
+	failed=$(awk '/^number of failed transactions:/ {print $5}' <<<"$r")
+	aborted=$(grep -ci 'aborted' <<<"$r" || true)
+	rc=$(awk '/^exit status / {print $3}' <<<"$r")
+	# pgbench's own CPU: the children's line of times (the last one), "XmY.YYYs XmY.YYYs"
+	pcpu=$(tail -1 <<<"$r" | awk '{n = 0; for (i = 1; i <= 2; i++) {split($i, a, "m"); n += a[1] * 60 + a[2]}; print n}')
+	read -r flows ok steps cpuf cpus walb other <<<"$(q -F ' ' -c "
+	WITH f AS (SELECT count(*) AS n, count(*) FILTER (WHERE status = 'completed') AS ok
+	             FROM dwarf.flow WHERE id > $id0),
+	     s AS (SELECT count(*) AS n FROM dwarf.step WHERE flow_id > $id0)
+	SELECT f.n, f.ok, s.n,
+	       CASE WHEN f.n > 0 THEN round(($c1 - $c0) * 1e6 / $TCK / f.n)::text ELSE '-' END,
+	       CASE WHEN s.n > 0 THEN round(($c1 - $c0) * 1e6 / $TCK / s.n, 1)::text ELSE '-' END,
+	       CASE WHEN s.n > 0 THEN round(pg_wal_lsn_diff('$lsn1', '$lsn0') / s.n)::text ELSE '-' END,
+	       round(greatest(($m1 - $m0) - ($c1 - $c0) - $pcpu * $TCK, 0)::numeric / $TCK / ($t1 - $t0), 2)
+	  FROM f, s")"
+	echo "${tps:-nan} ${lat:-nan} ${xacts:-0} ${failed:-0} ${aborted:-0} ${rc:-nan} ${flows:--} ${ok:--} ${steps:--} ${cpuf:--} ${cpus:--} ${walb:--} ${other:--}"
+}
+
 ROWS=()
 SLOWROWS=()
+RUNROWS=()
+FANOUT_STEPS=$(($(awk '$1 == "\\set" && $2 == "width" {print $3}' "$HERE/pgbench/run_fanout.sql") + 2))
 LOGS=()
 echo "BASE: $BASE_PREFIX, $BASE_TREE at $(git -C "$BASE_TREE" rev-parse --short HEAD)$(git -C "$BASE_TREE" diff --quiet HEAD -- src sql || echo ' (modified)')"
 echo "NEW:  $NEW_PREFIX, $NEW_TREE at $(git -C "$NEW_TREE" rev-parse --short HEAD)$(git -C "$NEW_TREE" diff --quiet HEAD -- src sql || echo ' (modified)')"
 echo "$(date -u '+%F %T UTC'), $(nproc) cores, $FLOWS flows x 10 steps per burst, reference: $REF_CLIENTS clients x $REF_SECONDS s"
+RUNS=()
 for round in $(seq 1 "$ROUNDS"); do
 	for build in BASE NEW; do
 		p=${build}_PREFIX t=${build}_TREE tag=r$round-$(tr A-Z a-z <<<"$build")
@@ -183,6 +241,8 @@ for round in $(seq 1 "$ROUNDS"); do
 		start_server "$build" "${!p}" "$tag"
 		"${!t}/bench/dwarf-bench" -dsn "host=$SOCK port=$PORT dbname=bench user=postgres" \
 			-workload linear -steps 10 -reference -setup-only >/dev/null
+		"${!t}/bench/dwarf-bench" -dsn "host=$SOCK port=$PORT dbname=bench user=postgres" \
+			-workload fanout -setup-only >/dev/null
 		read -r steps sps create_s walb recs cpu wcpu other ok < <(burst "$WARM")
 		echo "  warm-up burst: $steps steps ($ok of $WARM flows completed), $sps steps/s, WAL $walb B/step"
 		ref1=$(reference)
@@ -202,6 +262,34 @@ for round in $(seq 1 "$ROUNDS"); do
 			ratio=$(awk -v s="$sps" -v r="$ref" 'BEGIN {printf (r > 0 ? "%.2f" : "-"), s / r}')
 			ROWS+=("| $round | $build | $b | $sps | $ref1 / $ref2 | **$ratio** | $walb | $recs | $cpu | $wcpu | $create_s | $other | $ok/$FLOWS |")
 		done
+		if [[ $RUN == 1 ]]; then
+			declare -A REFTPS=() REFLAT=()
+			for spec in "reference.sql 1 ref-1" "run_linear.sql 1 linear-1" "run_linear.sql $RUN_CLIENTS linear-$RUN_CLIENTS" \
+				"reference.sql $RUN_CLIENTS ref-$RUN_CLIENTS" "run_fanout.sql $RUN_CLIENTS fanout-$RUN_CLIENTS"; do
+				read -r script c name <<<"$spec"
+				read -r tps lat xacts failed aborted rc flows ok steps cpuf cpus walb other < <(pgb "$script" "$c" "$name")
+				if [[ $script == reference.sql ]]; then
+					REFTPS[$c]=$tps REFLAT[$c]=$lat
+					echo "  $name: $tps tps, latency average $lat ms, $xacts transactions, other load $other cores (pgbench exit $rc)"
+					continue
+				fi
+				per=10
+				[[ $script == run_fanout.sql ]] && per=$FANOUT_STEPS
+				RUNS+=("$name $c $per $tps $lat $xacts $failed $aborted $rc $flows $ok $steps $cpuf $cpus $walb $other")
+				echo "  $name: $tps dwarf.run/s x $per steps, latency average $lat ms, $xacts runs ($failed failed, pgbench exit $rc);" \
+					"$ok of $flows flows completed, $steps steps; server CPU $cpuf us/run, $cpus us/step; WAL $walb B/step; other load $other cores"
+			done
+			for x in "${RUNS[@]}"; do
+				read -r name c per tps lat xacts failed aborted rc flows ok steps cpuf cpus walb other <<<"$x"
+				sps=$(awk -v t="$tps" -v p="$per" 'BEGIN {printf "%d", t * p + 0.5}')
+				rt=${REFTPS[$c]:-nan}
+				ratio=$(awk -v s="$sps" -v r="$rt" 'BEGIN {printf (r > 0 ? "%.2f" : "-"), s / r}')
+				spf=$(awk -v s="$steps" -v f="$flows" 'BEGIN {printf (f > 0 ? "%.2f" : "-"), s / f}')
+				RUNROWS+=("| $round | $build | ${name%-*} | $c | $tps | $sps | $rt | **$ratio** | **$lat** | ${REFLAT[$c]:-} | $cpuf | $cpus | $walb | $spf | $ok/$flows | $failed | $other |")
+			done
+			RUNS=()
+			unset REFTPS REFLAT
+		fi
 		if [[ $SLOW == 1 ]]; then
 			s=$(PSQL=$PSQL_BIN timeout 330 "$HERE/slow-steps.sh" 2>&1) || s+=$'\nslow-steps.sh FAILED'
 			sed 's/^/  /' <<<"$s"
@@ -226,6 +314,14 @@ echo
 echo "| round | build | burst | steps/s | reference tps before / after | ratio to their mean | WAL B/step | WAL records/step | server CPU us/step | workers' CPU us/step | create s | other load (cores) | completed |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${ROWS[@]}"
+if [[ $RUN == 1 ]]; then
+	echo
+	echo "dwarf.run under pgbench, $RUN_SECONDS s each: run_linear.sql (10 steps) at 1 and $RUN_CLIENTS clients, run_fanout.sql ($FANOUT_STEPS steps) at $RUN_CLIENTS; reference.sql at the same client count"
+	echo
+	echo "| round | build | script | clients | runs/s (flows/s) | steps/s | reference tps | ratio | mean latency ms | reference latency ms | server CPU us/run | server CPU us/step | WAL B/step | step rows/flow | completed | failed | other load (cores) |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	printf '%s\n' "${RUNROWS[@]}"
+fi
 if [[ $SLOW == 1 ]]; then
 	echo
 	echo "Time: bench/slow-steps.sh (pg_sleep(3) task known slow, 8 flows of it at once, then 30 dwarf.run of a 2-step no-op graph)"
