@@ -252,7 +252,8 @@ typedef struct GraphNode
 	char	   *name;
 	char	   *fn_name;		/* as resolved: schema.name */
 	Oid			fn;
-	FmgrInfo	flinfo;			/* set up by GraphPrepareCalls */
+	FmgrInfo   *flinfo;			/* set up by GraphPrepareCalls, shared by
+								 * the graph's tasks of the same function */
 	Oid			may_execute;	/* a role last found to have EXECUTE on fn */
 	uint32		fn_hash;		/* fn's PROCOID syscache hash, for invalidations */
 	uint32		slow_epoch;		/* of DwarfShared.slow_epoch when slow was read */

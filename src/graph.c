@@ -20,6 +20,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/jsonpath.h"
 #include "utils/lsyscache.h"
+#include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
@@ -639,7 +640,11 @@ FindConvergence(Graph *graph, Edge *edge)
 		ListCell   *lc;
 
 		if (graph->nodes[node].fan_in)
+		{
+			pfree(seen);
+			pfree(queue);
 			return node;
+		}
 		foreach(lc, graph->nodes[node].edges)
 		{
 			Edge	   *e = lfirst(lc);
@@ -654,6 +659,8 @@ FindConvergence(Graph *graph, Edge *edge)
 				}
 		}
 	}
+	pfree(seen);
+	pfree(queue);
 	return -1;
 }
 
@@ -737,8 +744,10 @@ GraphParse(Jsonb *definition, MemoryContext cxt, bool strict)
 	{
 		ListCell   *lc;
 
+		/* Only an empty for_each needs it (the search is per edge: keep it rare). */
 		foreach(lc, graph->nodes[i].edges)
-			((Edge *) lfirst(lc))->converge = FindConvergence(graph, lfirst(lc));
+			if (((Edge *) lfirst(lc))->kind == EDGE_FOR_EACH)
+				((Edge *) lfirst(lc))->converge = FindConvergence(graph, lfirst(lc));
 	}
 
 	MemoryContextSwitchTo(old);
@@ -784,6 +793,13 @@ GraphNormalized(Graph *graph, Jsonb *definition)
 	return JsonbWithKeys(definition, 2, names, keys);
 }
 
+/* One function's call, shared by the tasks that name it. */
+typedef struct SharedCall
+{
+	Oid			fn;				/* hash key */
+	FmgrInfo	flinfo;
+} SharedCall;
+
 /*
  * Looks up each task's function for calling, and forgets which roles may
  * execute them; once per graph in a worker, again after invalidations.
@@ -792,6 +808,8 @@ void
 GraphPrepareCalls(Graph *graph)
 {
 	int			i;
+	HASHCTL		ctl;
+	HTAB	   *calls;
 
 	/*
 	 * What the calls keep (a SQL function's plans, say) lives in a context
@@ -803,6 +821,10 @@ GraphPrepareCalls(Graph *graph)
 												 ALLOCSET_SMALL_SIZES);
 	else
 		MemoryContextReset(graph->calls_cxt);
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(SharedCall);
+	ctl.hcxt = graph->calls_cxt;
+	calls = hash_create("dwarf task calls", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	for (i = 0; i < graph->nnodes; i++)
 	{
 		GraphNode  *node = &graph->nodes[i];
@@ -817,7 +839,15 @@ GraphPrepareCalls(Graph *graph)
 			node->fn = ResolveFunction(node->name, node->fn_name, false);
 		if (!OidIsValid(node->fn))
 			continue;
-		fmgr_info_cxt(node->fn, &node->flinfo, graph->calls_cxt);
+		/* Tasks of one function share its call (and what it caches). */
+		{
+			bool		found;
+			SharedCall *call = hash_search(calls, &node->fn, HASH_ENTER, &found);
+
+			if (!found)
+				fmgr_info_cxt(node->fn, &call->flinfo, graph->calls_cxt);
+			node->flinfo = &call->flinfo;
+		}
 		node->fn_hash = GetSysCacheHashValue1(PROCOID, ObjectIdGetDatum(node->fn));
 	}
 	graph->prepared = true;

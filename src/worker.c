@@ -349,7 +349,7 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 	if (flow->time_budget_ms > 0)
 		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(flow->time_budget_ms, INT_MAX));
 
-	InitFunctionCallInfoData(*fcinfo, &node->flinfo, 1, InvalidOid, NULL, NULL);
+	InitFunctionCallInfoData(*fcinfo, node->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = JsonbPGetDatum(FlowTokenState(flow, token));
 	fcinfo->args[0].isnull = false;
 	result = FunctionCallInvoke(fcinfo);
