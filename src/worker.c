@@ -270,6 +270,21 @@ ProcessRunRequests(List *procnos)
 /* ---------- running steps ---------- */
 
 /*
+ * Stops a step's time budget.  A budget that ran out after the task's last
+ * interrupt check left a cancel pending that is no one's: dropped, or the
+ * worker's next check outside any step would end its batch.
+ */
+static void
+EndTimeBudget(void)
+{
+	bool		fired = get_timeout_indicator(STATEMENT_TIMEOUT, false);
+
+	disable_timeout(STATEMENT_TIMEOUT, false);
+	if (fired)
+		QueryCancelPending = false;
+}
+
+/*
  * Calls a task's function on state as the flow's owner, with the step's
  * context set for dwarf.goto and friends.  Returns the task's changes.
  */
@@ -355,7 +370,7 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 	result = FunctionCallInvoke(fcinfo);
 
 	if (flow->time_budget_ms > 0)
-		disable_timeout(STATEMENT_TIMEOUT, false);
+		EndTimeBudget();
 	DwarfCurrentStep = NULL;
 	AtEOXact_GUC(false, nest);
 	SetUserIdAndSecContext(save_user, save_sec);
@@ -496,7 +511,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 
 		DwarfCurrentStep = NULL;
 		if (flow->time_budget_ms > 0)
-			disable_timeout(STATEMENT_TIMEOUT, false);
+			EndTimeBudget();
 		EndTaskSession();
 		if (!isolated)
 			PG_RE_THROW();
