@@ -7,6 +7,7 @@ OBJS = \
 	src/shmem.o \
 	src/launcher.o \
 	src/worker.o \
+	src/step.o \
 	src/runner.o \
 	src/crashes.o \
 	src/queue.o \

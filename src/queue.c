@@ -155,6 +155,23 @@ BestReadyPriority(void)
 	return pairingheap_container(ReadyEntry, ph, pairingheap_first(Ready))->priority;
 }
 
+/* The database's other running workers, one after another (NULL: no more). */
+static DwarfWorkerSlot *
+NextOtherWorker(int *i)
+{
+	for (; *i < DWARF_MAX_WORKERS; (*i)++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[*i];
+
+		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch)
+		{
+			(*i)++;
+			return slot;
+		}
+	}
+	return NULL;
+}
+
 /*
  * Publishes the priority of our best ready step for the other workers of
  * this database.  When it got worse, they may have been holding back
@@ -165,18 +182,14 @@ PublishPriority(void)
 {
 	int32		best = BestReadyPriority();
 	int32		old = MySlot->best_priority;
-	int			i;
+	DwarfWorkerSlot *slot;
+	int			i = 0;
 
 	MySlot->best_priority = best;
 	if (best <= old)
 		return;
-	for (i = 0; i < DWARF_MAX_WORKERS; i++)
-	{
-		DwarfWorkerSlot *slot = &Dwarf->workers[i];
-
-		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch)
-			SetLatch(slot->latch);
-	}
+	while ((slot = NextOtherWorker(&i)) != NULL)
+		SetLatch(slot->latch);
 }
 
 /*
@@ -188,16 +201,11 @@ int32
 DatabaseBestPriority(void)
 {
 	int32		best = BestReadyPriority();
-	int			i;
+	DwarfWorkerSlot *slot;
+	int			i = 0;
 
-	for (i = 0; i < DWARF_MAX_WORKERS; i++)
-	{
-		DwarfWorkerSlot *slot = &Dwarf->workers[i];
-
-		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
-			slot->best_priority < best)
-			best = slot->best_priority;
-	}
+	while ((slot = NextOtherWorker(&i)) != NULL)
+		best = Min(best, slot->best_priority);
 	return best;
 }
 
@@ -211,16 +219,11 @@ int32
 OthersRunningPriority(void)
 {
 	int32		best = PG_INT32_MAX;
-	int			i;
+	DwarfWorkerSlot *slot;
+	int			i = 0;
 
-	for (i = 0; i < DWARF_MAX_WORKERS; i++)
-	{
-		DwarfWorkerSlot *slot = &Dwarf->workers[i];
-
-		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
-			slot->running_priority < best)
-			best = slot->running_priority;
-	}
+	while ((slot = NextOtherWorker(&i)) != NULL)
+		best = Min(best, slot->running_priority);
 	return best;
 }
 
@@ -244,17 +247,13 @@ void
 ClearRunningPriority(void)
 {
 	int32		was = MySlot->running_priority;
-	int			i;
+	DwarfWorkerSlot *slot;
+	int			i = 0;
 
 	MySlot->running_priority = PG_INT32_MAX;
-	for (i = 0; i < DWARF_MAX_WORKERS; i++)
-	{
-		DwarfWorkerSlot *slot = &Dwarf->workers[i];
-
-		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch &&
-			slot->best_priority > was && slot->best_priority != PG_INT32_MAX)
+	while ((slot = NextOtherWorker(&i)) != NULL)
+		if (slot->best_priority > was && slot->best_priority != PG_INT32_MAX)
 			SetLatch(slot->latch);
-	}
 }
 
 /* Pops up to max runnable tokens, skipping entries whose flow moved on. */

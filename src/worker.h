@@ -50,6 +50,28 @@ extern List *ToLoad;
 extern bool FullScan;
 
 extern bool IsRunner;
+
+/* step.c */
+
+/* What became of a step RunStep was given. */
+typedef enum StepResult
+{
+	STEP_DONE,					/* ran, and its row is recorded */
+	STEP_BROKEN,				/* an error left the flow half moved on: reload it */
+	STEP_CONTENDED				/* met a lock conflict while sharing: run it alone */
+} StepResult;
+
+/*
+ * A step that met a lock conflict runs alone, up to this many times: even
+ * alone, it can be the victim of a deadlock between other workers' batches
+ * (it queues for a row behind them).  Only then is the conflict its own.
+ */
+#define DWARF_CONTENTION_TRIES	5
+
+extern void PinSearchPath(void);
+extern StepResult RunStep(FlowRun *flow, Token *token, bool isolated, bool shared);
+
+/* worker.c */
 extern void WorkerInit(void);
 extern void RunEntries(List *batch, bool isolated, bool alone);
 extern bool RunAloneStep(void);

@@ -1,0 +1,328 @@
+/*
+ * step.c
+ *		One step of a flow: calling its task, isolated from every other task
+ *		that shares the worker, and turning what happened into the step's
+ *		outcome and row.
+ *
+ * A task runs as its flow's owner in a security-restricted operation,
+ * under a GUC nest level rolled back when it returns and from the
+ * database's own search_path (the worker's is pinned); what a restricted
+ * operation allows but should not outlive the step (prepared statements,
+ * session advisory locks) is ended with it.  Its time budget, its error
+ * document, and the rule that a lock conflict met while sharing a
+ * transaction is not the task's fault live here too.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "commands/prepare.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/numeric.h"
+#include "utils/syscache.h"
+#include "utils/timeout.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+#include "worker.h"
+
+/*
+ * The search_path a task starts with: the database's own (postgresql.conf,
+ * ALTER DATABASE).  The worker's own statements run under a pinned
+ * "pg_catalog, pg_temp", so no name a task's owner controls can stand in
+ * for the functions and operators the worker calls with its rights.
+ */
+static char *TaskSearchPath = NULL;
+
+/* Pins the worker's search_path, remembering the one tasks start with. */
+void
+PinSearchPath(void)
+{
+	if (TaskSearchPath)
+		pfree(TaskSearchPath);
+	TaskSearchPath = MemoryContextStrdup(TopMemoryContext,
+										 GetConfigOptionResetString("search_path"));
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_SESSION);
+}
+
+/*
+ * Ends what a task can leave behind in the worker's session that a
+ * security-restricted operation does not forbid: prepared statements and
+ * session-level advisory locks.  The next task, of any role, finds none.
+ */
+static void
+EndTaskSession(void)
+{
+	DropAllPreparedStatements();
+	LockReleaseSession(USER_LOCKMETHOD);
+}
+
+/*
+ * Stops a step's time budget.  A budget that ran out after the task's last
+ * interrupt check left a cancel pending that is no one's: dropped, or the
+ * worker's next check outside any step would end its batch.
+ */
+static void
+EndTimeBudget(void)
+{
+	bool		fired = get_timeout_indicator(STATEMENT_TIMEOUT, false);
+
+	disable_timeout(STATEMENT_TIMEOUT, false);
+	if (fired)
+		QueryCancelPending = false;
+}
+
+/*
+ * Calls a task's function on state as the flow's owner, with the step's
+ * context set for dwarf.goto and friends.  Returns the task's changes.
+ */
+static Jsonb *
+CallTask(FlowRun *flow, Token *token, StepContext *ctx)
+{
+	Graph	   *graph = flow->graph;
+	GraphNode	   *node = &graph->nodes[token->node];
+	LOCAL_FCINFO(fcinfo, 1);
+	Oid			save_user;
+	int			save_sec;
+	int			nest;
+	Datum		result;
+	Jsonb	   *changes;
+
+	if (!graph->prepared)
+		GraphPrepareCalls(graph);
+	if (!OidIsValid(node->fn))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("function %s of task \"%s\" does not exist", node->fn_name, node->name)));
+	if (CrashesOf(flow->id, token->id) >= dwarf_step_crashes)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("task \"%s\" ended the process running it %d times; it is not run again",
+						node->name, CrashesOf(flow->id, token->id)),
+				 errhint("See the server log for how it ended. dwarf.step_crashes sets how many times are allowed.")));
+	CrashesNoteStep(flow->id, token->id);
+
+	/*
+	 * A task may call only what its owner could call from a session of its
+	 * own: EXECUTE on the function and USAGE on its schema.  The checks are
+	 * remembered per task for the last role that passed them: a GRANT,
+	 * REVOKE or role change invalidates them (see StoreInit).
+	 */
+	if (node->may_execute != flow->owner)
+	{
+		Oid			nsp = get_func_namespace(node->fn);
+
+		if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(flow->owner)))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("the role that created flow " INT64_FORMAT " was dropped", flow->id),
+					 errdetail("A flow's tasks run as the role that created it (OID %u).", flow->owner)));
+
+		if (pg_namespace_aclcheck(nsp, flow->owner, ACL_USAGE) != ACLCHECK_OK)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied for schema %s of task \"%s\"",
+							get_namespace_name(nsp), node->name),
+					 errdetail("The flow runs as role %s, which has no USAGE on that schema.",
+							   GetUserNameFromId(flow->owner, true))));
+		if (pg_proc_aclcheck(node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied for function %s of task \"%s\"",
+							node->fn_name, node->name),
+					 errdetail("The flow runs as role %s.", GetUserNameFromId(flow->owner, true))));
+		node->may_execute = flow->owner;
+	}
+
+	/*
+	 * The task runs as the flow's owner, the way PostgreSQL runs user code
+	 * on someone else's behalf (index_build, ANALYZE): a security-restricted
+	 * operation (no SET ROLE, no temporary objects, no LISTEN), under a GUC
+	 * nest level that is rolled back when it returns, so nothing it SETs
+	 * outlives the step.  It starts from the database's own search_path,
+	 * not the worker's pinned one.
+	 */
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(flow->owner,
+						   save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	nest = NewGUCNestLevel();
+	(void) set_config_option("search_path", TaskSearchPath, PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	DwarfCurrentStep = ctx;
+	if (flow->time_budget_ms > 0)
+		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(flow->time_budget_ms, INT_MAX));
+
+	InitFunctionCallInfoData(*fcinfo, node->flinfo, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = JsonbPGetDatum(FlowTokenState(flow, token));
+	fcinfo->args[0].isnull = false;
+	result = FunctionCallInvoke(fcinfo);
+
+	if (flow->time_budget_ms > 0)
+		EndTimeBudget();
+	DwarfCurrentStep = NULL;
+	AtEOXact_GUC(false, nest);
+	SetUserIdAndSecContext(save_user, save_sec);
+	EndTaskSession();
+
+	if (fcinfo->isnull)
+		return JsonbEmptyObject();
+	changes = DatumGetJsonbP(result);
+	if (!JsonbIsObject(changes))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("task \"%s\" returned a JSON value that is not an object", node->name),
+				 errhint("A task returns its changes as a JSON object, or NULL for none.")));
+	return changes;
+}
+
+/* The error document a failed step records: what onErr holds for a handler. */
+static Jsonb *
+ErrorDocument(ErrorData *edata, const char *task)
+{
+	const char *keys[5] = {"message", "sqlstate", "detail", "hint", "task"};
+	const char *vals[5];
+	JsonbValue	values[5];
+	int			i;
+
+	vals[0] = edata->message ? edata->message : "unknown error";
+	vals[1] = unpack_sql_state(edata->sqlerrcode);
+	vals[2] = edata->detail;
+	vals[3] = edata->hint;
+	vals[4] = task;
+	for (i = 0; i < 5; i++)
+	{
+		if (vals[i] == NULL)
+			values[i].type = jbvNull;
+		else
+		{
+			values[i].type = jbvString;
+			values[i].val.string.val = (char *) vals[i];
+			values[i].val.string.len = strlen(vals[i]);
+		}
+	}
+	return JsonbWithKeys(JsonbEmptyObject(), 5, keys, values);
+}
+
+
+/*
+ * Errors that come from sharing a transaction with other steps rather than
+ * from the task: a step that meets one while other steps' locks are held in
+ * its transaction runs again on its own before the error counts as its own.
+ */
+static bool
+IsContention(int sqlerrcode)
+{
+	return sqlerrcode == ERRCODE_T_R_DEADLOCK_DETECTED ||
+		sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE ||
+		sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE;
+}
+
+
+/*
+ * Runs one step.  Isolated, the task and the transition run in a
+ * subtransaction, and an error there becomes the step's outcome; otherwise
+ * an error aborts the whole batch.  With shared (other steps ran before it
+ * in this transaction, or it ran alone fewer than DWARF_CONTENTION_TRIES
+ * times), a lock conflict is not the task's fault: the step is given back
+ * untouched (STEP_CONTENDED) to run alone.
+ */
+StepResult
+RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	StepContext ctx = {flow, token, -1, false, 0, 0, false, NULL, 0, 0, CurrentMemoryContext};
+	StepOutcome outcome = {0};
+	TimestampTz started = GetCurrentTimestamp();
+	int			token_id = token->id;
+	int			node = token->node;
+	int			attempt = token->attempt;
+	volatile bool advancing = false;	/* set in PG_TRY, read in PG_CATCH */
+	StepResult	result = STEP_DONE;
+	volatile TimestampTz returned = 0; /* when the task returned, if it did */
+	TimestampTz finished;
+
+	if (attempt == 1)
+		token->first_started = started;
+	if (isolated)
+		BeginInternalSubTransaction(NULL);
+	PG_TRY();
+	{
+		outcome.changes = CallTask(flow, token, &ctx);
+		returned = GetCurrentTimestamp();
+		outcome.kind = ctx.interrupted ? OUTCOME_INTERRUPT :
+			ctx.waiting_child ? OUTCOME_WAITING :
+			ctx.retry ? OUTCOME_RETRY : OUTCOME_OK;
+		outcome.goto_node = outcome.kind == OUTCOME_OK ? ctx.goto_node : -1;
+		outcome.signal = ctx.payload;
+		if (outcome.kind == OUTCOME_WAITING)
+		{
+			const char *key = "child";
+			JsonbValue	child;
+
+			child.type = jbvNumeric;
+			child.val.numeric = int64_to_numeric(ctx.waiting_child);
+			outcome.signal = JsonbWithKeys(JsonbEmptyObject(), 1, &key, &child);
+		}
+		if (outcome.kind == OUTCOME_OK || outcome.kind == OUTCOME_RETRY)
+			if (ctx.retry || ctx.delay_us > 0)
+				outcome.wake_at = returned + ctx.delay_us;	/* from the step's end */
+		advancing = true;
+		FlowAdvance(flow, token, &outcome);
+		if (isolated)
+		{
+			ReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+		}
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		DwarfCurrentStep = NULL;
+		if (flow->time_budget_ms > 0)
+			EndTimeBudget();
+		EndTaskSession();
+		if (!isolated)
+			PG_RE_THROW();
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && flow->time_budget_ms > 0)
+			edata->message = psprintf("task \"%s\" ran past its time budget of " INT64_FORMAT " ms",
+									  flow->graph->nodes[node].name, flow->time_budget_ms);
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		if (shared && !advancing && IsContention(edata->sqlerrcode))
+			result = STEP_CONTENDED;	/* given back untouched, below */
+		else
+		{
+			outcome.kind = OUTCOME_ERROR;
+			outcome.changes = NULL;
+			outcome.goto_node = -1;
+			outcome.wake_at = 0;
+			outcome.signal = NULL;
+			outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
+			if (advancing)
+				result = STEP_BROKEN;
+			else
+				FlowAdvance(flow, token, &outcome);
+			pg_atomic_fetch_add_u64(&MySlot->steps_failed, 1);
+		}
+	}
+	PG_END_TRY();
+	if (result == STEP_CONTENDED)
+		return result;
+
+	finished = returned ? returned : GetCurrentTimestamp();
+	NoteTaskTime(&flow->graph->nodes[node], finished - started);
+	RecordStep(flow, token_id, node, attempt, &outcome, started, finished);
+	return result;
+}
