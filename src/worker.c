@@ -302,7 +302,8 @@ ChainSuccessors(List *batch, FlowRun *flow, int max)
  * Alone, the batch is one step that met a lock conflict while sharing a
  * transaction: whatever it meets now is its own.  A batch stops taking
  * steps once it has run for dwarf.batch_time; the rest go back to the
- * queue.  A step of a slow task is lent to a runner instead (runner.c).
+ * queue.  Steps whose flow has a step at a runner wait for it (runner.c);
+ * a step's ready successors join the batch (ChainSuccessors).
  */
 void
 RunEntries(List *entries, bool isolated, bool alone)
