@@ -561,6 +561,7 @@ LoadFlows(void)
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
+	MemoryContextSwitchTo(outer);	/* the commit left us in TopMemoryContext */
 	pgstat_report_activity(STATE_IDLE, NULL);
 
 	DwarfWakeWaiters(failed, nfailed);

@@ -161,6 +161,7 @@ ProcessRunRequests(List *procnos)
 		PopActiveSnapshot();
 		SPI_finish();
 		CommitTransactionCommand();
+		MemoryContextSwitchTo(cxt); /* the commit left us in TopMemoryContext */
 	}
 	PG_CATCH();
 	{
@@ -702,6 +703,7 @@ DwarfWorkerMain(Datum arg)
 			ProcessRunRequests(requests);
 		if (ToLoad != NIL || FullScan)
 			LoadFlows();
+		MemoryContextSwitchTo(BatchContext);	/* whatever a commit above left */
 		(void) MoveDueTimers();
 		RunBatch();
 		pg_atomic_write_u64(&MySlot->ready, ReadyCount);
