@@ -137,6 +137,7 @@ JsonbWithoutKeys(Jsonb *obj, int nkeys, const char **keys)
 	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
 }
 
+/* A JSON value's type, with its article, for error messages. */
 static const char *
 JsonTypeName(JsonbValue *v)
 {
@@ -145,15 +146,15 @@ JsonTypeName(JsonbValue *v)
 		case jbvNull:
 			return "null";
 		case jbvString:
-			return "string";
+			return "a string";
 		case jbvNumeric:
-			return "number";
+			return "a number";
 		case jbvBool:
-			return "boolean";
+			return "a boolean";
 		case jbvBinary:
-			return JsonContainerIsArray(v->val.binary.data) ? "array" : "object";
+			return JsonContainerIsArray(v->val.binary.data) ? "an array" : "an object";
 		default:
-			return "value";
+			return "a value";
 	}
 }
 
@@ -293,7 +294,7 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 		if (!fits)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("reducer \"%s\" of field \"%s\" cannot take a %s",
+					 errmsg("reducer \"%s\" of field \"%s\" cannot take %s",
 							reducer_label[kind], field, JsonTypeName(new))));
 		if (kind == RED_APPEND)
 			return ArrayOf(Elements(new));
