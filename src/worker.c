@@ -536,13 +536,14 @@ RunBatch(void)
 	bool		isolated = IsolateNext;
 	List	   *batch;
 
-	IsolateNext = false;
 	if (RunAloneStep())
 		return;
 	batch = LendSlowSteps(PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
 								   : dwarf_batch_size));
-	if (batch != NIL)
-		RunEntries(batch, isolated, false);
+	if (batch == NIL)
+		return;					/* an isolated batch is still owed: keep the flag */
+	IsolateNext = false;
+	RunEntries(batch, isolated, false);
 }
 
 /* ---------- notes and the main loop ---------- */
