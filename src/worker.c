@@ -23,6 +23,7 @@
 
 #include "access/table.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
@@ -75,6 +76,9 @@ typedef struct Created
 	bool		is_new;
 } Created;
 
+static List *Unanswered = NIL;	/* created, to answer once flushed (WorkerContext) */
+static XLogRecPtr CreatedEnd = InvalidXLogRecPtr;	/* the creates' commit */
+
 static void
 AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, ErrorData *edata)
 {
@@ -121,6 +125,14 @@ ProcessRunRequests(List *procnos)
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	PreparePlans();
+
+	/*
+	 * The creates need not wait for their own WAL flush: the callers are
+	 * answered only once it is flushed (AnswerCreated), which the batch
+	 * that runs the new flows' first steps, right after, usually does.
+	 */
+	(void) set_config_option("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION,
+							 GUC_ACTION_LOCAL, true, 0, false);
 	PG_TRY();
 	{
 		foreach(lc, procnos)
@@ -145,7 +157,7 @@ ProcessRunRequests(List *procnos)
 			if (handle != DSM_HANDLE_INVALID && (seg = dsm_attach(handle)) == NULL)
 				continue;		/* the caller gave up */
 
-			c = MemoryContextAllocZero(cxt, sizeof(Created));
+			c = MemoryContextAllocZero(WorkerContext, sizeof(Created));
 			c->procno = procno;
 			{
 				MemoryContext old = MemoryContextSwitchTo(cxt);
@@ -196,14 +208,40 @@ ProcessRunRequests(List *procnos)
 	}
 	PG_END_TRY();
 
+	CreatedEnd = XactLastCommitEnd;
 	foreach(lc, created)
 	{
 		Created    *c = lfirst(lc);
+		MemoryContext old;
 
 		if (c->is_new)
 			NoteLoad(c->flow_id, false);
+		old = MemoryContextSwitchTo(WorkerContext);
+		Unanswered = lappend(Unanswered, c);
+		MemoryContextSwitchTo(old);
+	}
+}
+
+/*
+ * Tells the dwarf.run callers their flow ids, once the creates are on disk
+ * (after the batch's synchronous commit, the flush costs nothing more).
+ */
+static void
+AnswerCreated(void)
+{
+	ListCell   *lc;
+
+	if (Unanswered == NIL)
+		return;
+	XLogFlush(CreatedEnd);
+	foreach(lc, Unanswered)
+	{
+		Created    *c = lfirst(lc);
+
 		AnswerRequest(c->procno, REQ_DONE, c->flow_id, NULL);
 	}
+	list_free_deep(Unanswered);
+	Unanswered = NIL;
 }
 
 /* ---------- batches ---------- */
@@ -627,6 +665,7 @@ ExitIfNotInstalled(void)
 static void
 WorkerShutdown(int code, Datum arg)
 {
+	AnswerCreated();			/* their flows exist: say so, even as we go */
 	SpinLockAcquire(&MySlot->mutex);
 	MySlot->latch = NULL;
 	MySlot->pid = 0;
@@ -707,6 +746,7 @@ DwarfWorkerMain(Datum arg)
 		MemoryContextSwitchTo(BatchContext);	/* whatever a commit above left */
 		(void) MoveDueTimers();
 		RunBatch();
+		AnswerCreated();
 		pg_atomic_write_u64(&MySlot->ready, ReadyCount);
 		MemoryContextSwitchTo(TopMemoryContext);
 		MemoryContextReset(BatchContext);
