@@ -300,18 +300,12 @@ ChangedSince(uint32 *seen, int64 flow_id)
  * for a runner is not chained: it is lent once its input has committed.
  */
 static List *
-ChainSuccessors(List *batch, FlowRun *flow, int max)
+ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit)
 {
 	TimestampTz now = 0;
 	ListCell   *lc;
 
-	/*
-	 * A flow of lower priority than the default (above 0) yields after
-	 * every step, so that better work, even work another worker has not
-	 * loaded yet, comes first.
-	 */
-	if (flow->status != FLOW_RUNNING || flow->priority > 0 ||
-		flow->priority > DatabaseBestPriority() || flow->priority > OthersRunningPriority())
+	if (flow->status != FLOW_RUNNING || flow->priority > limit)
 		return batch;
 	foreach(lc, flow->tokens)
 	{
@@ -357,6 +351,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 	volatile int nclosed = 0;
 	uint32		seen = 0xFFFFFFFF;
 	TimestampTz deadline;
+	int32		chain_limit;
 	ListCell   *lc;
 
 	/* The batch may grow as steps chain, up to dwarf.batch_size. */
@@ -371,6 +366,15 @@ RunEntries(List *entries, bool isolated, bool alone)
 	deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
 	if (!IsRunner)
 		SetRunningPriority(batch);
+
+	/*
+	 * The worst priority whose successors chain, read once per batch: no
+	 * better work ready or running elsewhere, and not above 0 (a flow of
+	 * lower priority than the default yields after every step, so that
+	 * better work, even work another worker has not loaded yet, comes
+	 * first).
+	 */
+	chain_limit = Min(0, Min(DatabaseBestPriority(), OthersRunningPriority()));
 
 	PG_TRY();
 	{
@@ -426,7 +430,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 			else if (!alone)
 				batch = ChainSuccessors(batch, flow,
 										isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) :
-										dwarf_batch_size);
+										dwarf_batch_size, chain_limit);
 		}
 		CloseSteps();
 		PopActiveSnapshot();
