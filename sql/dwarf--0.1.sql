@@ -122,6 +122,65 @@ CREATE POLICY flow_owner ON dwarf.flow FOR SELECT
 CREATE POLICY step_owner ON dwarf.step FOR SELECT
 	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id));
 
+/*
+ * The archive: closed flows and their steps, moved out of the live tables by
+ * dwarf.maintain() once they have been closed for dwarf.archive_after, and
+ * dropped a whole day at a time once older than dwarf.retention.  Both are
+ * partitioned by the day (UTC) the flow closed, so a step sits in the same
+ * day as its flow and a day goes as one DROP, never as DELETEs.  The
+ * partitions are made by dwarf.maintain; nobody is granted them directly,
+ * so every read goes through these parents and their row-level security.
+ */
+CREATE TABLE dwarf.flow_archive (LIKE dwarf.flow INCLUDING DEFAULTS)
+	PARTITION BY RANGE (finished_at);
+ALTER TABLE dwarf.flow_archive ALTER COLUMN finished_at SET NOT NULL;
+CREATE INDEX flow_archive_id ON dwarf.flow_archive (id);
+CREATE INDEX flow_archive_idempotency_key ON dwarf.flow_archive (owner, idempotency_key)
+	WHERE idempotency_key IS NOT NULL;
+CREATE INDEX flow_archive_thread ON dwarf.flow_archive (thread, id) WHERE thread IS NOT NULL;
+CREATE INDEX flow_archive_parent ON dwarf.flow_archive (parent_id) WHERE parent_id IS NOT NULL;
+COMMENT ON TABLE dwarf.flow_archive IS
+	'Closed flows moved out of dwarf.flow by dwarf.maintain(); one partition per day the flow closed (UTC)';
+
+CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS,
+	flow_finished_at timestamptz NOT NULL)
+	PARTITION BY RANGE (flow_finished_at);
+CREATE INDEX step_archive_flow ON dwarf.step_archive (flow_id, step_id);
+CREATE INDEX step_archive_step_id ON dwarf.step_archive USING brin (step_id);
+COMMENT ON TABLE dwarf.step_archive IS
+	'The steps of the flows in dwarf.flow_archive, in the partition of the day their flow closed';
+COMMENT ON COLUMN dwarf.step_archive.flow_finished_at IS
+	'When the step''s flow closed: the partition key, the same day as the flow''s row';
+
+REVOKE ALL ON dwarf.flow_archive, dwarf.step_archive FROM PUBLIC;
+GRANT SELECT ON dwarf.flow_archive, dwarf.step_archive TO PUBLIC;
+ALTER TABLE dwarf.flow_archive ENABLE ROW LEVEL SECURITY;
+ALTER TABLE dwarf.step_archive ENABLE ROW LEVEL SECURITY;
+CREATE POLICY flow_archive_owner ON dwarf.flow_archive FOR SELECT
+	USING (pg_has_role(owner, 'USAGE'));
+CREATE POLICY step_archive_owner ON dwarf.step_archive FOR SELECT
+	USING (EXISTS (SELECT 1 FROM dwarf.flow_archive f
+					WHERE f.id = flow_id AND f.finished_at = flow_finished_at));
+
+/*
+ * Live and archived together, for every read that takes a flow or step id.
+ * A flow is in exactly one of the two in any snapshot: dwarf.maintain moves
+ * it in one transaction.
+ */
+CREATE VIEW dwarf.flow_all WITH (security_invoker = true) AS
+	SELECT * FROM dwarf.flow
+	UNION ALL
+	SELECT * FROM dwarf.flow_archive;
+COMMENT ON VIEW dwarf.flow_all IS 'dwarf.flow and dwarf.flow_archive together';
+CREATE VIEW dwarf.step_all WITH (security_invoker = true) AS
+	SELECT * FROM dwarf.step
+	UNION ALL
+	SELECT flow_id, step_id, token, task, status, attempt, started_at, finished_at,
+		   changes, goto_task, wake_at, signal, error
+	  FROM dwarf.step_archive;
+COMMENT ON VIEW dwarf.step_all IS 'dwarf.step and dwarf.step_archive together';
+GRANT SELECT ON dwarf.flow_all, dwarf.step_all TO PUBLIC;
+
 CREATE TYPE dwarf.outcome AS (
 	flow_id		bigint,
 	status		text,
@@ -280,12 +339,12 @@ CREATE FUNCTION dwarf.state_at(flow_id bigint, before_step bigint DEFAULT NULL)
 	AS $$
 	SELECT coalesce(dwarf.replay_state(state_at.flow_id, state_at.before_step),
 		   dwarf.fold_changes(f.input,
-			   ARRAY(SELECT s.changes FROM dwarf.step s
+			   ARRAY(SELECT s.changes FROM dwarf.step_all s
 					  WHERE s.flow_id = f.id AND s.status IN ('completed', 'retry')
 						AND (state_at.before_step IS NULL OR s.step_id < state_at.before_step)
 					  ORDER BY s.step_id),
 			   g.definition -> 'reducers'))
-	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE f.id = state_at.flow_id
 $$;
 COMMENT ON FUNCTION dwarf.state_at(bigint, bigint) IS
@@ -302,9 +361,9 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	SELECT f.id, g.name, g.version, f.status,
 		   coalesce(f.state, dwarf.state_at(f.id)),
 		   f.error, f.interrupt_payload, f.cancel_reason,
-		   (SELECT count(*) FROM dwarf.step s WHERE s.flow_id = f.id),
+		   (SELECT count(*) FROM dwarf.step_all s WHERE s.flow_id = f.id),
 		   f.created_at, f.finished_at
-	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE f.id = snapshot.flow_id
 $$;
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
@@ -319,7 +378,7 @@ CREATE FUNCTION dwarf.history(flow_id bigint)
 	AS $$
 	SELECT s.step_id, s.task, s.status, s.attempt, s.started_at,
 		   s.finished_at, s.error ->> 'message', s.changes
-	  FROM dwarf.step s
+	  FROM dwarf.step_all s
 	 WHERE s.flow_id = history.flow_id
 	 ORDER BY s.step_id
 $$;
@@ -347,7 +406,7 @@ CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 	SELECT f.id, g.name, g.version, f.status, f.thread, f.error, f.created_at, f.finished_at
-	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE (list.graph IS NULL OR g.name = list.graph)
 	   AND (list.status IS NULL OR f.status = list.status)
 	   AND (list.since IS NULL OR f.created_at >= list.since)
@@ -376,7 +435,7 @@ DECLARE
 	tos text[];
 BEGIN
 	SELECT g.definition INTO def
-	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE f.id = history_mermaid.flow_id;
 	IF def IS NULL THEN
 		RAISE EXCEPTION 'flow % does not exist', history_mermaid.flow_id
@@ -387,10 +446,10 @@ BEGIN
 	/* One node per task, styled by the outcome of its last step. */
 	FOR t IN
 		SELECT k.name, k.n,
-			   (SELECT s.status FROM dwarf.step s
+			   (SELECT s.status FROM dwarf.step_all s
 				 WHERE s.flow_id = history_mermaid.flow_id AND s.task = k.name
 				 ORDER BY s.step_id DESC LIMIT 1) AS status,
-			   (SELECT count(*) FROM dwarf.step s
+			   (SELECT count(*) FROM dwarf.step_all s
 				 WHERE s.flow_id = history_mermaid.flow_id AND s.task = k.name
 				   AND s.status IN ('completed', 'failed')) AS runs
 		  FROM unnest(tasks) WITH ORDINALITY AS k(name, n)
@@ -493,3 +552,207 @@ COMMENT ON VIEW dwarf.stats IS
 	'Flows by status (those the caller may see), steps done, steps ready to run now, and per-worker counters';
 GRANT SELECT ON dwarf.stats TO PUBLIC;
 
+
+/*
+ * Retention: dwarf.maintain() moves closed flows into the archive and drops
+ * expired archive days.  Schedule it (pg_cron, or any scheduler):
+ *     SELECT cron.schedule('dwarf-maintain', '* * * * *', 'SELECT dwarf.maintain()');
+ */
+
+CREATE TABLE dwarf.maintain_log (
+	started_at	timestamptz NOT NULL,
+	took		interval NOT NULL,
+	now_given	timestamptz NOT NULL,
+	result		jsonb NOT NULL
+);
+CREATE INDEX maintain_log_started_at ON dwarf.maintain_log (started_at);
+COMMENT ON TABLE dwarf.maintain_log IS
+	'The last 1000 passes of dwarf.maintain(): when, how long, what it did (now_given: its "now" argument)';
+REVOKE ALL ON dwarf.maintain_log FROM PUBLIC;
+GRANT SELECT ON dwarf.maintain_log TO PUBLIC;
+
+/* The archive's partitions of one table, with the UTC day each holds. */
+CREATE FUNCTION dwarf.archive_days(parent regclass)
+	RETURNS TABLE (day date, partition regclass)
+	LANGUAGE sql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT to_date(right(c.relname, 8), 'YYYYMMDD'), c.oid::regclass
+	  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	 WHERE i.inhparent = archive_days.parent
+	 ORDER BY 1
+$$;
+COMMENT ON FUNCTION dwarf.archive_days(regclass) IS
+	'The day partitions of dwarf.flow_archive or dwarf.step_archive, oldest first';
+
+/*
+ * Makes the partitions of one day (UTC) in both archive tables, unless they
+ * exist; true when it made them.  Called by dwarf.maintain only, which holds
+ * its lock, so two calls never race to make the same day.
+ */
+CREATE FUNCTION dwarf.make_archive_day(day date) RETURNS boolean
+	LANGUAGE plpgsql STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+DECLARE
+	suffix text := to_char(day, 'YYYYMMDD');
+	lo text := to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00';
+	hi text := to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00';
+BEGIN
+	IF to_regclass('dwarf.flow_archive_' || suffix) IS NOT NULL THEN
+		RETURN false;
+	END IF;
+	EXECUTE format('CREATE TABLE dwarf.%I PARTITION OF dwarf.flow_archive FOR VALUES FROM (%L) TO (%L)',
+				   'flow_archive_' || suffix, lo, hi);
+	EXECUTE format('CREATE TABLE dwarf.%I PARTITION OF dwarf.step_archive FOR VALUES FROM (%L) TO (%L)',
+				   'step_archive_' || suffix, lo, hi);
+	RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION dwarf.make_archive_day(date) FROM PUBLIC;
+
+CREATE FUNCTION dwarf.maintain(now timestamptz DEFAULT now()) RETURNS jsonb
+	LANGUAGE plpgsql SECURITY DEFINER
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+DECLARE
+	started		timestamptz := clock_timestamp();
+	archive_after interval := current_setting('dwarf.archive_after')::interval;
+	retention	interval := current_setting('dwarf.retention')::interval;
+	cutoff		timestamptz := maintain.now - archive_after;
+	today		date := (maintain.now AT TIME ZONE 'UTC')::date;
+	/* A day is dropped once all of it is older than the retention. */
+	expired_before date := ((maintain.now - retention) AT TIME ZONE 'UTC')::date;
+	chunk		constant int := 2000;		/* flows moved per statement */
+	most		constant int := 200000;		/* flows moved per pass */
+	budget		constant interval := '20 s';
+	ids			bigint[];
+	moved_flows bigint := 0;
+	moved_steps bigint := 0;
+	n_flows		bigint;
+	n_steps		bigint;
+	made		text[] := '{}';
+	dropped		text[] := '{}';
+	more		boolean := false;
+	d			record;
+	i			int;
+	result		jsonb;
+BEGIN
+	IF pg_is_in_recovery() THEN
+		RAISE EXCEPTION 'dwarf.maintain cannot run on a standby'
+			USING ERRCODE = 'read_only_sql_transaction',
+				  HINT = 'Run it on the primary; the standby follows.';
+	END IF;
+	/* One pass at a time: a second caller waits, then finds less to do. */
+	PERFORM pg_advisory_xact_lock(1685551730, 1);	/* 'dwar', 1 */
+
+	/*
+	 * Closed flows old enough, oldest first.  A closed child whose parent
+	 * still runs stays: the parent's waiting task looks it up again in the
+	 * live table when it runs again.
+	 */
+	ids := ARRAY(
+		SELECT f.id FROM dwarf.flow f
+		 WHERE f.status IN ('completed', 'failed', 'cancelled')
+		   AND f.finished_at < cutoff
+		   AND (f.parent_id IS NULL OR NOT EXISTS (
+				SELECT 1 FROM dwarf.flow p
+				 WHERE p.id = f.parent_id AND p.status IN ('running', 'interrupted')))
+		 ORDER BY f.finished_at
+		 LIMIT most + 1);
+	IF cardinality(ids) > most THEN
+		more := true;
+		ids := ids[1:most];
+	END IF;
+
+	FOR d IN SELECT DISTINCT (f.finished_at AT TIME ZONE 'UTC')::date AS day
+			   FROM dwarf.flow f WHERE f.id = ANY (ids) LOOP
+		IF dwarf.make_archive_day(d.day) THEN
+			made := made || to_char(d.day, 'YYYY-MM-DD');
+		END IF;
+	END LOOP;
+
+	/*
+	 * Moved in chunks, each flow with its steps in one statement.  Flows
+	 * locked by someone else (dwarf.delete, dwarf.continue) are skipped:
+	 * the next pass takes them.
+	 */
+	i := 1;
+	WHILE i <= coalesce(cardinality(ids), 0) LOOP
+		IF clock_timestamp() - started > budget THEN
+			more := true;
+			EXIT;
+		END IF;
+		WITH picked AS (
+			SELECT id FROM dwarf.flow
+			 WHERE id = ANY (ids[i:i + chunk - 1])
+			   AND status IN ('completed', 'failed', 'cancelled')
+			   FOR UPDATE SKIP LOCKED),
+		 gone AS (DELETE FROM dwarf.flow f USING picked p WHERE f.id = p.id RETURNING f.*),
+		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING 1),
+		 steps AS (DELETE FROM dwarf.step s USING gone g WHERE s.flow_id = g.id
+				   RETURNING s.*, g.finished_at AS flow_finished_at),
+		 archived AS (INSERT INTO dwarf.step_archive SELECT * FROM steps RETURNING 1)
+		SELECT (SELECT count(*) FROM flows), (SELECT count(*) FROM archived)
+		  INTO n_flows, n_steps;
+		moved_flows := moved_flows + n_flows;
+		moved_steps := moved_steps + n_steps;
+		i := i + chunk;
+	END LOOP;
+
+	FOR d IN SELECT a.day, a.partition FROM dwarf.archive_days('dwarf.flow_archive') a
+			  WHERE a.day < expired_before LOOP
+		EXECUTE format('DROP TABLE %s', d.partition);
+		EXECUTE format('DROP TABLE IF EXISTS dwarf.%I', 'step_archive_' || to_char(d.day, 'YYYYMMDD'));
+		dropped := dropped || to_char(d.day, 'YYYY-MM-DD');
+	END LOOP;
+
+	/* Today and the next two days, so that moves rarely wait for DDL. */
+	FOR i IN 0 .. 2 LOOP
+		IF today + i >= expired_before AND dwarf.make_archive_day(today + i) THEN
+			made := made || to_char(today + i, 'YYYY-MM-DD');
+		END IF;
+	END LOOP;
+
+	result := jsonb_build_object(
+		'moved_flows', moved_flows,
+		'moved_steps', moved_steps,
+		'partitions_made', cardinality(made),
+		'partitions_dropped', cardinality(dropped),
+		'days_made', to_jsonb(made),
+		'days_dropped', to_jsonb(dropped),
+		'more', more,
+		'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
+	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain.now, result);
+	DELETE FROM dwarf.maintain_log
+	 WHERE started_at < (SELECT l.started_at FROM dwarf.maintain_log l
+						  ORDER BY l.started_at DESC OFFSET 999 LIMIT 1);
+	RETURN result;
+END
+$$;
+REVOKE ALL ON FUNCTION dwarf.maintain(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.maintain(timestamptz) IS
+	'Moves flows closed for longer than dwarf.archive_after (and their steps) into the archive, drops archive days '
+	'older than dwarf.retention and makes the next days'' partitions; returns what it did. For the extension''s owner '
+	'(GRANT EXECUTE to an operator role); schedule it with pg_cron';
+
+CREATE VIEW dwarf.storage AS
+	SELECT pg_total_relation_size('dwarf.flow') AS live_flow_bytes,
+		   pg_total_relation_size('dwarf.step') AS live_step_bytes,
+		   (SELECT coalesce(sum(pg_total_relation_size(a.partition)), 0)
+			  FROM dwarf.archive_days('dwarf.flow_archive') a) AS archive_flow_bytes,
+		   (SELECT coalesce(sum(pg_total_relation_size(a.partition)), 0)
+			  FROM dwarf.archive_days('dwarf.step_archive') a) AS archive_step_bytes,
+		   (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
+			  FROM dwarf.archive_days('dwarf.step_archive') a JOIN pg_class c ON c.oid = a.partition)
+			 AS archive_steps_estimate,
+		   (SELECT count(*) FROM dwarf.archive_days('dwarf.flow_archive')) AS archive_days,
+		   (SELECT min(a.day) FROM dwarf.archive_days('dwarf.flow_archive') a) AS oldest_archived_day,
+		   l.started_at AS last_maintain_at,
+		   l.took AS last_maintain_took,
+		   l.result AS last_maintain
+	  FROM (SELECT 1) one
+	  LEFT JOIN LATERAL (SELECT * FROM dwarf.maintain_log ORDER BY started_at DESC LIMIT 1) l ON true;
+COMMENT ON VIEW dwarf.storage IS
+	'Sizes of the live tables and the archive, the oldest archived day, and the last dwarf.maintain() pass';
+GRANT SELECT ON dwarf.storage TO PUBLIC;

@@ -415,6 +415,8 @@ dwarf_define(PG_FUNCTION_ARGS)
 
 static SPIPlanPtr InsertFlowPlan = NULL;
 static SPIPlanPtr FindKeyPlan = NULL;
+static SPIPlanPtr FindArchivedKeyPlan = NULL;
+static SPIPlanPtr UndoInsertPlan = NULL;
 
 /*
  * Inserts a flow row (as the extension owner; the caller is connected to
@@ -450,8 +452,12 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 			" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 			" RETURNING id", 7, types);
 		FindKeyPlan = PrepareKept(
-			"SELECT id FROM dwarf.flow WHERE owner = $1::regrole AND idempotency_key = $2",
+			"SELECT id FROM dwarf.flow_all WHERE owner = $1::regrole AND idempotency_key = $2",
 			2, keytypes);
+		FindArchivedKeyPlan = PrepareKept(
+			"SELECT id FROM dwarf.flow_archive WHERE owner = $1::regrole AND idempotency_key = $2",
+			2, keytypes);
+		UndoInsertPlan = PrepareKept("DELETE FROM dwarf.flow WHERE id = $1", 1, types);
 	}
 
 	args[0] = Int64GetDatum(flow_id);
@@ -468,7 +474,29 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 	if (SPI_execute_plan(InsertFlowPlan, args, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "dwarf: could not insert a flow");
 	*is_new = SPI_processed == 1;
-	if (!*is_new)
+	id = flow_id;
+
+	/*
+	 * The key may belong to a flow dwarf.maintain has archived: then that
+	 * flow is the answer, and the row just inserted goes.  Looked up after
+	 * the insert, whose conflict check waited for any move in progress, so
+	 * that a flow moving meanwhile is seen here.
+	 */
+	if (*is_new && key)
+	{
+		Datum		keyargs[2] = {args[2], args[4]};
+
+		if (SPI_execute_plan(FindArchivedKeyPlan, keyargs, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not look up idempotency key \"%s\"", text_to_cstring(key));
+		if (SPI_processed == 1)
+		{
+			id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+			if (SPI_execute_plan(UndoInsertPlan, args, NULL, false, 0) != SPI_OK_DELETE)
+				elog(ERROR, "dwarf: could not undo the insert of flow " INT64_FORMAT, flow_id);
+			*is_new = false;
+		}
+	}
+	else if (!*is_new)
 	{
 		Datum		keyargs[2] = {args[2], args[4]};
 
@@ -476,8 +504,8 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 			SPI_processed != 1)
 			elog(ERROR, "dwarf: the flow with idempotency key \"%s\" vanished",
 				 text_to_cstring(key));
+		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	}
-	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	RestoreUser(saved);
 	return id;
 }
@@ -636,6 +664,7 @@ static bool
 ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 {
 	static SPIPlanPtr plan = NULL;
+	static SPIPlanPtr archived_plan = NULL;
 	Oid			types[1] = {INT8OID};
 	Datum		args[1] = {Int64GetDatum(flow_id)};
 	HeapTuple	tup;
@@ -657,6 +686,22 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	if (SPI_execute_plan(plan, args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
 	PopActiveSnapshot();
+
+	/*
+	 * Not live: it may be archived.  A later snapshot than the first read's
+	 * sees a move that read missed, since a move is one transaction.
+	 */
+	if (SPI_processed == 0)
+	{
+		if (archived_plan == NULL)
+			archived_plan = PrepareKept("SELECT id, status, state, error, interrupt_payload,"
+										" cancel_reason, xmin FROM dwarf.flow_archive WHERE id = $1",
+										1, types);
+		PushActiveSnapshot(GetLatestSnapshot());
+		if (SPI_execute_plan(archived_plan, args, NULL, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
+		PopActiveSnapshot();
+	}
 	if (SPI_processed == 0 && existed)
 	{
 		/* Deleted on completion: its outcome is gone with it. */

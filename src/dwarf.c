@@ -9,7 +9,10 @@
 
 #include "miscadmin.h"
 #include "storage/ipc.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
 #include "utils/guc.h"
+#include "utils/timestamp.h"
 
 #include "dwarf.h"
 
@@ -22,11 +25,44 @@ int			dwarf_batch_time = 100;
 int			dwarf_long_step = 250;
 int			dwarf_max_runners = -1;
 int			dwarf_step_crashes = 3;
+char	   *dwarf_archive_after = NULL;
+char	   *dwarf_retention = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 void		_PG_init(void);
+
+/*
+ * Check hook of the retention settings: an interval with no negative part.
+ * dwarf.maintain reads them with ::interval.
+ */
+static bool
+check_archive_interval(char **newval, void **extra, GucSource source)
+{
+	struct pg_itm_in itm_in;
+	int			dtype;
+	char	   *field[MAXDATEFIELDS];
+	int			ftype[MAXDATEFIELDS];
+	char		workbuf[256];
+	int			nf;
+	Interval	result;
+
+	if (ParseDateTime(*newval, workbuf, sizeof(workbuf), field, ftype, MAXDATEFIELDS, &nf) != 0 ||
+		(DecodeInterval(field, ftype, nf, INTERVAL_FULL_RANGE, &dtype, &itm_in) != 0 &&
+		 DecodeISO8601Interval(*newval, &dtype, &itm_in) != 0) ||
+		dtype != DTK_DELTA || itmin2interval(&itm_in, &result) != 0)
+	{
+		GUC_check_errdetail("\"%s\" is not an interval.", *newval);
+		return false;
+	}
+	if (result.month < 0 || result.day < 0 || result.time < 0)
+	{
+		GUC_check_errdetail("It must not be negative.");
+		return false;
+	}
+	return true;
+}
 
 static void
 dwarf_shmem_request(void)
@@ -124,6 +160,24 @@ _PG_init(void)
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("dwarf.archive_after",
+							   "How long a closed flow stays in the live tables before dwarf.maintain archives it.",
+							   "An interval, such as '1 min'. Running and interrupted flows are never archived.",
+							   &dwarf_archive_after,
+							   "1 min",
+							   PGC_USERSET,
+							   0,
+							   check_archive_interval, NULL, NULL);
+
+	DefineCustomStringVariable("dwarf.retention",
+							   "How long archived flows are kept; dwarf.maintain drops the days older than this.",
+							   "An interval, such as '30 days'. Days are dropped whole, never deleted row by row.",
+							   &dwarf_retention,
+							   "30 days",
+							   PGC_USERSET,
+							   0,
+							   check_archive_interval, NULL, NULL);
 
 	MarkGUCPrefixReserved("dwarf");
 

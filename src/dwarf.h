@@ -29,6 +29,8 @@ extern int	dwarf_batch_time;
 extern int	dwarf_long_step;
 extern int	dwarf_max_runners;
 extern int	dwarf_step_crashes;
+extern char *dwarf_archive_after;
+extern char *dwarf_retention;
 
 /*
  * Flow ids are (shard << DWARF_SHARD_SHIFT) | (timeline & 0xFF) <<
@@ -404,6 +406,10 @@ extern Jsonb *FlowStateSoFar(FlowRun *flow);
 #define STEP_ROWS_SQL \
 	"SELECT token, task, status, changes, goto_task, error, wake_at, attempt," \
 	" started_at, signal FROM dwarf.step WHERE flow_id = $1"
+/* The same, for a flow that may be archived. */
+#define STEP_ROWS_ALL_SQL \
+	"SELECT token, task, status, changes, goto_task, error, wake_at, attempt," \
+	" started_at, signal FROM dwarf.step_all WHERE flow_id = $1"
 extern bool ReplayStepRow(FlowRun *flow, HeapTuple tup, TupleDesc desc);
 
 /* ---------- control.c: the step a task runs in ---------- */

@@ -45,7 +45,7 @@ VisibleFlowStatus(int64 flow_id)
 	Oid			types[1] = {INT8OID};
 	Datum		args[1] = {Int64GetDatum(flow_id)};
 
-	Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	Exec("SELECT status FROM dwarf.flow_all WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -116,7 +116,7 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	else
 	{
 		RestoreUser(saved);
-		Exec("SELECT status FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+		Exec("SELECT status FROM dwarf.flow_all WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
 		if (SPI_processed > 0)
 			status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 		ereport(ERROR,
@@ -262,7 +262,7 @@ dwarf_fork(PG_FUNCTION_ARGS)
 	args[0] = PG_GETARG_DATUM(0);
 	Connect();
 	Exec("SELECT s.task, f.graph_id, f.priority, f.thread, dwarf.state_at(f.id, s.step_id)"
-		 " FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id WHERE s.step_id = $1",
+		 " FROM dwarf.step_all s JOIN dwarf.flow_all f ON f.id = s.flow_id WHERE s.step_id = $1",
 		 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
@@ -329,7 +329,7 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	Connect();
 	Exec("SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input),"
 		 " (SELECT max(l.id) FROM dwarf.graph l WHERE l.name = g.name), f.priority"
-		 " FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
+		 " FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
 		 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
@@ -355,9 +355,16 @@ dwarf_continue(PG_FUNCTION_ARGS)
 					NULL, state, JsonbWithKeys(JsonbEmptyObject(), 1, &key, &value),
 					&is_new);
 
+	/*
+	 * The flow names its thread from now on, live or archived.  Live first:
+	 * if dwarf.maintain moves it meanwhile, the move waits for this update
+	 * and carries it, or committed before, and the archive's update sees it.
+	 */
 	saved = BecomeOwner();
 	args[1] = CStringGetTextDatum(thread);
 	Exec("UPDATE dwarf.flow SET thread = $2 WHERE id = $1 AND thread IS NULL",
+		 2, types, args, NULL, SPI_OK_UPDATE);
+	Exec("UPDATE dwarf.flow_archive SET thread = $2 WHERE id = $1 AND thread IS NULL",
 		 2, types, args, NULL, SPI_OK_UPDATE);
 	RestoreUser(saved);
 	NoteOnCommit(id, NOTE_NEW_FLOW, false);
@@ -382,12 +389,29 @@ dwarf_delete(PG_FUNCTION_ARGS)
 	Connect();
 	(void) VisibleFlowStatus(flow_id);
 	saved = BecomeOwner();
+
+	/*
+	 * Lock the live rows of the flow and its children first: dwarf.maintain
+	 * skips a locked flow, so none of them moves to the archive under us.
+	 * One that moved before this statement is in the archive for the next
+	 * statement's snapshot.
+	 */
 	Exec("WITH RECURSIVE tree AS ("
 		 "  SELECT $1::bigint AS id"
-		 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id),"
-		 " steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))"
-		 " DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id, parent_id",
-		 1, types, args, NULL, SPI_OK_DELETE_RETURNING);
+		 "  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id)"
+		 " SELECT id FROM dwarf.flow WHERE id IN (SELECT id FROM tree) FOR UPDATE",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	Exec("WITH RECURSIVE tree AS ("
+		 "  SELECT $1::bigint AS id"
+		 "  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id),"
+		 " steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree)),"
+		 " archived_steps AS (DELETE FROM dwarf.step_archive WHERE flow_id IN (SELECT id FROM tree)),"
+		 " archived AS (DELETE FROM dwarf.flow_archive WHERE id IN (SELECT id FROM tree)"
+		 "  RETURNING id, parent_id),"
+		 " live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree)"
+		 "  RETURNING id, parent_id)"
+		 " SELECT id, parent_id FROM live UNION ALL SELECT id, parent_id FROM archived",
+		 1, types, args, NULL, SPI_OK_SELECT);
 	RestoreUser(saved);
 	for (i = 0; i < SPI_processed; i++)
 	{
@@ -432,8 +456,15 @@ dwarf_purge(PG_FUNCTION_ARGS)
 		 "     AND finished_at < now() - $1"
 		 "     AND pg_has_role($2, owner, 'USAGE')"
 		 "  RETURNING id),"
-		 " steps AS (DELETE FROM dwarf.step s USING gone WHERE s.flow_id = gone.id)"
-		 " SELECT count(*) FROM gone",
+		 " steps AS (DELETE FROM dwarf.step s USING gone WHERE s.flow_id = gone.id),"
+		 " archived AS ("
+		 "  DELETE FROM dwarf.flow_archive"
+		 "   WHERE finished_at < now() - $1"
+		 "     AND pg_has_role($2, owner, 'USAGE')"
+		 "  RETURNING id, finished_at),"
+		 " archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a"
+		 "  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at)"
+		 " SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM archived)",
 		 2, types, args, NULL, SPI_OK_SELECT);
 	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	RestoreUser(saved);
@@ -511,7 +542,7 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 		args[1] = PG_GETARG_DATUM(1);
 
 	Connect();
-	Exec("SELECT g.definition, f.input, f.start_task FROM dwarf.flow f"
+	Exec("SELECT g.definition, f.input, f.start_task FROM dwarf.flow_all f"
 		 " JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
 		 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
@@ -535,7 +566,7 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 											   2, &isnull)),
 				  CurrentMemoryContext);
 
-	Exec(STEP_ROWS_SQL " AND ($2::bigint IS NULL OR step_id < $2) ORDER BY step_id",
+	Exec(STEP_ROWS_ALL_SQL " AND ($2::bigint IS NULL OR step_id < $2) ORDER BY step_id",
 		 2, types, args, nulls, SPI_OK_SELECT);
 	for (i = 0; i < SPI_processed && flow.status == FLOW_RUNNING; i++)
 		if (!ReplayStepRow(&flow, SPI_tuptable->vals[i], SPI_tuptable->tupdesc))
