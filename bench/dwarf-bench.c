@@ -64,7 +64,7 @@ static const char *const mode_names[] = {"closed", "open", "reference"};
 /* The one statement each kind of thread prepares, as "s". */
 static const char *const mode_sql[] = {
 	[RUN_CLOSED] = "SELECT status FROM dwarf.run($1, $2::jsonb, make_interval(secs => $3::float8))",
-	[RUN_OPEN] = "SELECT dwarf.create($1, $2::jsonb)",
+	[RUN_OPEN] = "SELECT dwarf.create($1, $2::jsonb) FROM generate_series(1, $3::int)",
 	[RUN_REFERENCE] = "UPDATE dwarf_bench.ref SET v = v + 1 WHERE id = $1::int",
 };
 
@@ -195,12 +195,13 @@ static struct
 	double		rate[MAX_LIST];
 	int			nrate;			/* 0: closed loop */
 	int			max_outstanding;
+	int			per_txn;		/* open loop: flows created per transaction */
 	double		warmup, window, interval;
 	const char *label, *out, *csv;
 	bool		reference, setup_only;
 } opt = {
 	.workload = W_LINEAR, .steps = 10, .width = 16, .payload = 1024, .sleep = "1 s",
-	.timeout = 30, .conc = {8}, .nconc = 1, .max_outstanding = 1000,
+	.timeout = 30, .conc = {8}, .nconc = 1, .max_outstanding = 1000, .per_txn = 1,
 	.warmup = 5, .window = 30, .interval = 5, .label = "",
 };
 
@@ -246,6 +247,7 @@ usage(int status)
 		  "  -concurrency LIST    clients (open loop: creator connections), a window each (default 8)\n"
 		  "  -arrival-rate LIST   open loop: flows/s offered, a window each; 0 = unpaced\n"
 		  "  -max-outstanding N   open loop: flows created but not seen closed (default 1000)\n"
+		  "  -per-txn N           open loop: flows each creator makes in one transaction (default 1)\n"
 		  "  -warmup SEC          unmeasured run before each window (default 5)\n"
 		  "  -window SEC          measured window (default 30)\n"
 		  "  -stats-interval SEC  progress line period (default 5)\n"
@@ -438,6 +440,8 @@ set_option(const char *a, const char *v)
 		opt.nrate = arg_list(a, v, opt.rate, 0, false);
 	else if (!strcmp(a, "-max-outstanding"))
 		opt.max_outstanding = arg_int(a, v, 1);
+	else if (!strcmp(a, "-per-txn"))
+		opt.per_txn = arg_int(a, v, 1);
 	else if (!strcmp(a, "-warmup"))
 		opt.warmup = arg_num(a, v, 0, false);
 	else if (!strcmp(a, "-window"))
@@ -481,6 +485,8 @@ parse_args(int argc, char **argv)
 		opt.dsn[opt.nshards++] = "";	/* libpq defaults: PGHOST, PGPORT... */
 	if (opt.nrate > 0 && opt.workload == W_REFERENCE)
 		usage_error("-arrival-rate: the reference workload is closed loop only");
+	if (opt.per_txn > opt.max_outstanding)
+		usage_error("-per-txn %d is more than -max-outstanding %d", opt.per_txn, opt.max_outstanding);
 }
 
 /* Add one latency sample to a histogram. */
@@ -707,15 +713,15 @@ next_arrival(double rate)
 }
 
 /*
- * Take one unit of -max-outstanding (waiting for room), then wait for the
+ * Take n units of -max-outstanding (waiting for room), then wait for the
  * intended start.  False, holding nothing, when told to stop meanwhile.
  */
 static bool
-wait_to_create(double intended)
+wait_to_create(double intended, int n)
 {
-	while (atomic_fetch_add(&outstanding, 1) >= opt.max_outstanding)
+	while (atomic_fetch_add(&outstanding, n) + n > opt.max_outstanding)
 	{
-		atomic_fetch_sub(&outstanding, 1);
+		atomic_fetch_sub(&outstanding, n);
 		if (atomic_load(&stop_submit))
 			return false;
 		sleep_s(0.0005);
@@ -724,7 +730,7 @@ wait_to_create(double intended)
 	{
 		if (atomic_load(&stop_submit))
 		{
-			atomic_fetch_sub(&outstanding, 1);
+			atomic_fetch_sub(&outstanding, n);
 			return false;
 		}
 		sleep_s(left < 0.05 ? left : 0.05);
@@ -734,7 +740,9 @@ wait_to_create(double intended)
 
 /*
  * Open loop: create flows at their scheduled times (unpaced: as fast as
- * -max-outstanding allows) and queue their ids for the shard's poller.
+ * -max-outstanding allows), -per-txn of them to a statement, and queue
+ * their ids for the shard's poller.  A flow's latency counts from its own
+ * arrival, so waiting for the rest of its transaction's flows counts too.
  */
 static void *
 creator_main(void *arg)
@@ -743,43 +751,48 @@ creator_main(void *arg)
 	Shard	   *sh = w->sh;
 	PGconn	   *conn = NULL;
 	unsigned	seq = w->id;
+	int			n = opt.per_txn;
+	double	   *intended = xrealloc(NULL, n * sizeof(double));
+	char		count[16];
 
+	snprintf(count, sizeof(count), "%d", n);
 	while (!atomic_load(&stop_submit))
 	{
 		const Kind *k = &kinds[seq++ % nkinds];
-		const char *params[2] = {k->graph, k->input};
-		double		intended = 0,
-					sent;
+		const char *params[3] = {k->graph, k->input, count};
+		double		sent;
 		PGresult   *res;
 
 		if (!conn && !(conn = bench_connect(sh, mode_sql[RUN_OPEN])))
 			continue;
-		if (w->rate > 0)
-			intended = next_arrival(w->rate);
-		if (!wait_to_create(intended))
+		for (int i = 0; i < n; i++)
+			intended[i] = w->rate > 0 ? next_arrival(w->rate) : 0;
+		if (!wait_to_create(intended[n - 1], n))
 			break;
 		sent = now_s();
-		res = PQexecPrepared(conn, "s", 2, params, NULL, NULL, 0);
-		if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+		res = PQexecPrepared(conn, "s", 3, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != n)
 		{
-			atomic_fetch_sub(&outstanding, 1);
+			atomic_fetch_sub(&outstanding, n);
 			query_failed(sh, &conn, res, k->graph);
 		}
 		else
 		{
 			pthread_mutex_lock(&sh->lock);
-			if (sh->npending == sh->maxpending)
+			while (sh->npending + n > sh->maxpending)
 			{
 				sh->maxpending = sh->maxpending ? 2 * sh->maxpending : 1024;
 				sh->pending = xrealloc(sh->pending, sh->maxpending * sizeof(Pending));
 			}
-			sh->pending[sh->npending++] = (Pending) {
-				atoll(PQgetvalue(res, 0, 0)), w->rate > 0 ? intended : sent, sent, k->steps
-			};
+			for (int i = 0; i < n; i++)
+				sh->pending[sh->npending++] = (Pending) {
+					atoll(PQgetvalue(res, i, 0)), w->rate > 0 ? intended[i] : sent, sent, k->steps
+				};
 			pthread_mutex_unlock(&sh->lock);
 		}
 		PQclear(res);
 	}
+	free(intended);
 	PQfinish(conn);
 	return NULL;
 }
