@@ -27,7 +27,7 @@ REGRESS = $(patsubst sql/%.sql,%,$(filter-out sql/dwarf--%.sql,$(sort $(wildcard
 REGRESS_OPTS = --temp-config=$(srcdir)/test/dwarf.conf --temp-instance=$(CURDIR)/tmp_regress --load-extension=dwarf
 TAP_TESTS = $(if $(wildcard t/*.pl),1)
 
-PG_CFLAGS = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
+PG_CFLAGS = -fvisibility=hidden -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 EXTRA_CLEAN = tmp_regress bench/dwarf-bench
 
 PG_CONFIG ?= pg_config

@@ -294,7 +294,7 @@ NewFlowId(void)
 
 /* ---------- define ---------- */
 
-PG_FUNCTION_INFO_V1(dwarf_validate);
+DWARF_FUNCTION(dwarf_validate);
 
 /* dwarf.validate(definition): the checked, normalized definition. */
 Datum
@@ -348,7 +348,7 @@ CheckGraphName(const char *name)
 	}
 }
 
-PG_FUNCTION_INFO_V1(dwarf_define);
+DWARF_FUNCTION(dwarf_define);
 
 /*
  * dwarf.define(name, definition): checks the definition and stores it as
@@ -632,7 +632,7 @@ CheckNotNull(FunctionCallInfo fcinfo, int arg, const char *name)
 				 errmsg("%s must not be null", name)));
 }
 
-PG_FUNCTION_INFO_V1(dwarf_create);
+DWARF_FUNCTION(dwarf_create);
 
 /*
  * dwarf.create(graph, input, priority, idempotency_key): a new flow of the
@@ -797,7 +797,7 @@ OutcomeDatum(FunctionCallInfo fcinfo, Datum *values, bool *nulls)
 	return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls));
 }
 
-PG_FUNCTION_INFO_V1(dwarf_await);
+DWARF_FUNCTION(dwarf_await);
 
 /* dwarf.await(flow, timeout): the flow's outcome once it ends or parks. */
 Datum
@@ -1006,7 +1006,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	return result;
 }
 
-PG_FUNCTION_INFO_V1(dwarf_run);
+DWARF_FUNCTION(dwarf_run);
 
 /*
  * dwarf.run(graph, input, timeout, priority, idempotency_key): create and

@@ -32,7 +32,7 @@ CurrentStep(const char *function)
 	return DwarfCurrentStep;
 }
 
-PG_FUNCTION_INFO_V1(dwarf_goto);
+DWARF_FUNCTION(dwarf_goto);
 
 /* dwarf.goto(task): when this task returns, take its goto edge to task. */
 Datum
@@ -54,7 +54,7 @@ dwarf_goto(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-PG_FUNCTION_INFO_V1(dwarf_step_key);
+DWARF_FUNCTION(dwarf_step_key);
 
 /*
  * dwarf.step_key(): flow, branch, how many steps that branch took before,
@@ -72,7 +72,7 @@ dwarf_step_key(PG_FUNCTION_ARGS)
 											  step->flow->graph->nodes[step->token->node].name)));
 }
 
-PG_FUNCTION_INFO_V1(dwarf_flow_id);
+DWARF_FUNCTION(dwarf_flow_id);
 
 /* dwarf.flow_id(): the flow this step belongs to. */
 Datum
@@ -106,7 +106,7 @@ IntervalMicros(Interval *span, const char *what)
 	return us;
 }
 
-PG_FUNCTION_INFO_V1(dwarf_retry);
+DWARF_FUNCTION(dwarf_retry);
 
 /*
  * dwarf.retry(initial, factor, max, give_up_after): asks for this step to
@@ -150,7 +150,7 @@ dwarf_retry(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(true);
 }
 
-PG_FUNCTION_INFO_V1(dwarf_sleep);
+DWARF_FUNCTION(dwarf_sleep);
 
 /*
  * dwarf.sleep(duration): what follows this step runs only after duration.
@@ -166,7 +166,7 @@ dwarf_sleep(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-PG_FUNCTION_INFO_V1(dwarf_interrupt);
+DWARF_FUNCTION(dwarf_interrupt);
 
 /*
  * dwarf.interrupt(payload): NULL the first time; once the task returns, the
@@ -198,7 +198,7 @@ dwarf_interrupt(PG_FUNCTION_ARGS)
 	PG_RETURN_NULL();
 }
 
-PG_FUNCTION_INFO_V1(dwarf_baggage);
+DWARF_FUNCTION(dwarf_baggage);
 
 /* dwarf.baggage(): the JSON the flow was created with, or NULL. */
 Datum
@@ -211,7 +211,7 @@ dwarf_baggage(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(datumCopy(JsonbPGetDatum(step->flow->baggage), false, -1));
 }
 
-PG_FUNCTION_INFO_V1(dwarf_subgraph);
+DWARF_FUNCTION(dwarf_subgraph);
 
 /*
  * dwarf.subgraph(graph, input): the first time, starts a child flow of the

@@ -16,6 +16,7 @@
 
 #include "dwarf.h"
 
+extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
 
 int			dwarf_workers = 2;
@@ -31,7 +32,7 @@ char	   *dwarf_retention = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
-void		_PG_init(void);
+extern DWARF_EXPORT void _PG_init(void);
 
 /*
  * Check hook of the retention settings: an interval with no negative part.

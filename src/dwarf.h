@@ -20,6 +20,21 @@
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
+/*
+ * dwarf.so is built with -fvisibility=hidden, so that none of its own
+ * functions can clash with another library's.  What the server looks up in
+ * it by name is exported: the module magic, _PG_init, the background
+ * workers' entry points and the SQL functions.  (PostgreSQL 15's
+ * PGDLLEXPORT is empty outside Windows, so it cannot do this.)
+ */
+#define DWARF_EXPORT __attribute__((visibility("default")))
+
+/* PG_FUNCTION_INFO_V1, with the function and its info record exported. */
+#define DWARF_FUNCTION(name) \
+	extern DWARF_EXPORT Datum name(PG_FUNCTION_ARGS); \
+	extern DWARF_EXPORT const Pg_finfo_record *CppConcat(pg_finfo_,name)(void); \
+	PG_FUNCTION_INFO_V1(name)
+
 /* ---------- settings (dwarf.c) ---------- */
 
 extern int	dwarf_workers;
@@ -197,9 +212,9 @@ extern int	DwarfWorkerOf(int64 flow_id);
 
 /* ---------- launcher.c, worker.c ---------- */
 
-extern PGDLLEXPORT void DwarfLauncherMain(Datum arg);
-extern PGDLLEXPORT void DwarfWorkerMain(Datum arg);
-extern PGDLLEXPORT void DwarfRunnerMain(Datum arg);
+extern DWARF_EXPORT void DwarfLauncherMain(Datum arg);
+extern DWARF_EXPORT void DwarfWorkerMain(Datum arg);
+extern DWARF_EXPORT void DwarfRunnerMain(Datum arg);
 extern void DwarfRegisterLauncher(void);
 
 /* ---------- graph.c: definitions, parsed and compiled ---------- */

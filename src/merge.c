@@ -477,7 +477,7 @@ MergeChanges(Jsonb *state, Jsonb *changes, Reducer *reducers, int nreducers)
 	return JsonbValueToJsonb(pushJsonbValue(&ps, WJB_END_OBJECT, NULL));
 }
 
-PG_FUNCTION_INFO_V1(dwarf_fold_changes);
+DWARF_FUNCTION(dwarf_fold_changes);
 
 /*
  * dwarf.fold_changes(input, changes[], reducers): input with each change

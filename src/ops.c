@@ -55,7 +55,7 @@ VisibleFlowStatus(int64 flow_id)
 }
 
 
-PG_FUNCTION_INFO_V1(dwarf_cancel);
+DWARF_FUNCTION(dwarf_cancel);
 
 /* dwarf.cancel(flow, reason): stops a running or interrupted flow. */
 Datum
@@ -129,7 +129,7 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-PG_FUNCTION_INFO_V1(dwarf_resume);
+DWARF_FUNCTION(dwarf_resume);
 
 /*
  * dwarf.resume(flow, data): an interrupted flow runs on; its interrupted
@@ -230,7 +230,7 @@ MergeOverrides(Jsonb *state, Jsonb *input, int32 graph_id)
 	return MergeChanges(state, input, reducers, nreducers);
 }
 
-PG_FUNCTION_INFO_V1(dwarf_fork);
+DWARF_FUNCTION(dwarf_fork);
 
 /*
  * dwarf.fork(step_id, overrides): a new flow of the same graph version that
@@ -293,7 +293,7 @@ dwarf_fork(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(id);
 }
 
-PG_FUNCTION_INFO_V1(dwarf_continue);
+DWARF_FUNCTION(dwarf_continue);
 
 /*
  * dwarf.continue(flow, input): the next flow of a conversation-like thread:
@@ -372,7 +372,7 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(id);
 }
 
-PG_FUNCTION_INFO_V1(dwarf_delete);
+DWARF_FUNCTION(dwarf_delete);
 
 /* dwarf.delete(flow): the flow, its steps and its child flows, gone. */
 Datum
@@ -429,7 +429,7 @@ dwarf_delete(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-PG_FUNCTION_INFO_V1(dwarf_purge);
+DWARF_FUNCTION(dwarf_purge);
 
 /*
  * dwarf.purge(older_than): deletes the closed flows (and their steps) of
@@ -472,7 +472,7 @@ dwarf_purge(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(purged);
 }
 
-PG_FUNCTION_INFO_V1(dwarf_worker_stats);
+DWARF_FUNCTION(dwarf_worker_stats);
 
 /* dwarf.worker_stats(): one row per worker of this database. */
 Datum
@@ -507,7 +507,7 @@ dwarf_worker_stats(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-PG_FUNCTION_INFO_V1(dwarf_replay_state);
+DWARF_FUNCTION(dwarf_replay_state);
 
 /*
  * dwarf.replay_state(flow, before_step): the flow's state as its worker
