@@ -19,11 +19,13 @@ OBJS = \
 	src/ops.o \
 	src/control.o
 
-EXTENSION = dwarf
-DATA = sql/dwarf--0.1.sql
+# Two extensions: dwarf on each shard (or single server), dwarf_router on a
+# router database that sends calls to the shards with PL/Proxy (pure SQL).
+EXTENSION = dwarf dwarf_router
+DATA = sql/dwarf--0.1.sql sql/dwarf_router--0.1.sql
 PGFILEDESC = "dwarf - durable workflows inside PostgreSQL"
 
-REGRESS = $(patsubst sql/%.sql,%,$(filter-out sql/dwarf--%.sql,$(sort $(wildcard sql/*.sql))))
+REGRESS = $(patsubst sql/%.sql,%,$(filter-out sql/dwarf--%.sql sql/dwarf_router--%.sql,$(sort $(wildcard sql/*.sql))))
 REGRESS_OPTS = --temp-config=$(srcdir)/test/dwarf.conf --temp-instance=$(CURDIR)/tmp_regress --load-extension=dwarf
 TAP_TESTS = $(if $(wildcard t/*.pl),1)
 

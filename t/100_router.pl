@@ -1,0 +1,324 @@
+# Copyright: dwarf project.
+#
+# 100_router.pl: dwarf on two shards behind a dwarf_router database.
+#
+# Two shard servers preload dwarf with dwarf.shard_id 0 and 1; a third
+# server, the router, has PL/Proxy and dwarf_router, with the two shards as
+# the partitions of foreign server dwarf_shards.  Everything below goes
+# through the router, and the shards are only read directly to check it:
+#
+#  - graphs defined through the router are on both shards at the same
+#    version, and a graph one shard lacks is copied to it by the next define;
+#  - a few hundred flows created and run through the router (with and
+#    without idempotency keys) are spread over both shards, each on the shard
+#    its id names, and each ran every task exactly once there;
+#  - every routed call does on the flow's shard what it does on one server:
+#    await, snapshot, history and step (whose step ids carry the shard),
+#    state_at, fork, continue, cancel, resume of an interrupted flow, delete,
+#    history_mermaid; list pages through the flows of both shards with its
+#    cursor; stats, worker_stats, purge and maintain combine both shards;
+#  - with shard 1 stopped, calls routed to it fail with 08006 "dwarf shard 1
+#    is unreachable", and calls routed to shard 0 go on working (creates
+#    without a key land there); once shard 1 is back, its calls work again.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+use FindBin;
+use lib $FindBin::Bin;
+use DwarfTest;
+
+my $NPLAIN = 200;    # flows created without an idempotency key
+my $NKEYED = 40;     # created with one (and created again: same ids)
+my $NRUN   = 20;     # dwarf.run, with a key
+
+my $t0 = time;
+
+# ---------------------------------------------------------------------------
+# Two shards and a router.
+
+my @shards;
+for my $i (0, 1)
+{
+	my $shard = new_node("shard$i", 'dwarf.shard_id' => $i);
+	# The task functions of DwarfTest's graph "g", and "app.ask", which
+	# parks its flow on dwarf.interrupt until it is resumed.
+	$shard->safe_psql('postgres', "CREATE EXTENSION dwarf;\n" . tasks_sql() . q{
+CREATE FUNCTION app.ask(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE answer jsonb := dwarf.interrupt('{"ask": "ok?"}');
+BEGIN
+	IF answer IS NULL THEN RETURN NULL; END IF;
+	RETURN jsonb_build_object('answer', answer);
+END $$;
+});
+	push @shards, $shard;
+}
+wait_for_workers($_, 'the shard\'s dwarf workers run') for @shards;
+
+my $router = PostgreSQL::Test::Cluster->new('router');
+$router->init;
+$router->start;
+my $partitions = join(', ',
+	map { sprintf("p%d 'host=%s port=%d dbname=postgres'", $_, $shards[$_]->host, $shards[$_]->port) }
+	  (0, 1));
+$router->safe_psql('postgres', qq{
+CREATE EXTENSION plproxy;
+CREATE EXTENSION dwarf_router;
+CREATE SERVER dwarf_shards FOREIGN DATA WRAPPER plproxy OPTIONS ($partitions);
+CREATE USER MAPPING FOR PUBLIC SERVER dwarf_shards;
+});
+
+# r($sql): the router's answer; r_err($sql): psql's stderr (verbose, so
+# that it shows the SQLSTATE), for a statement expected to fail.
+sub r { return $router->safe_psql('postgres', $_[0]); }
+
+sub r_err
+{
+	my ($rc, $out, $err) = $router->psql('postgres', "\\set VERBOSITY verbose\n$_[0]");
+	return $rc == 0 ? "(no error; got: $out)" : $err;
+}
+
+# On both shards, the same query's answers joined by "|".
+sub both
+{
+	my ($sql) = @_;
+	return join('|', map { $_->safe_psql('postgres', $sql) } @shards);
+}
+
+# The sum of a query's answers (a number) on both shards.
+sub sum_shards
+{
+	my ($sql) = @_;
+	my $sum = 0;
+	$sum += $_->safe_psql('postgres', $sql) for @shards;
+	return $sum;
+}
+
+is(r('SELECT string_agg(partition || ok::text, \' \' ORDER BY partition) FROM dwarf_router.shards()'),
+	'0true 1true', 'dwarf_router.shards(): each partition answers as the dwarf shard of its number');
+
+# ---------------------------------------------------------------------------
+# Graphs.
+
+my $ask_def = '{"tasks": {"Ask": "app.ask", "Done": "app.c3"}, "transitions": [{"chain": ["Ask", "Done", "END"]}]}';
+is(r(graph_sql()), '1', 'define through the router returns version 1');
+is(r("SELECT dwarf.define('ask', '$ask_def')"), '1', 'a second graph: version 1');
+is(both("SELECT string_agg(name || version, ',' ORDER BY name, version) FROM dwarf.graph"),
+	'ask1,g1|ask1,g1', 'both shards have both graphs at version 1');
+is(r("SELECT dwarf.validate('$ask_def') ->> 'entry'"), 'Ask',
+	'validate returns the normalized definition (its entry filled in)');
+like(r_err(q{SELECT dwarf.validate('{"tasks": {"A": "app.missing"}}')}),
+	qr/function app\.missing\(jsonb\) of task "A" does not exist.*Raised by dwarf shard 0/s,
+	'validate: a shard\'s refusal comes back with its message, naming the shard');
+
+# A version one shard lacks (as a define that failed half way leaves it):
+# the next define through the router copies it over, and defines nothing
+# twice when it is the same definition.
+my $lone = '{"tasks": {"A": "app.a1"}}';
+$shards[0]->safe_psql('postgres', "SELECT dwarf.define('lone', '$lone')");
+is(r("SELECT dwarf.define('lone', '$lone')"), '1',
+	'define of a graph only shard 0 has: version 1, not 2 (the retry of a half-done define)');
+is(both(q{SELECT string_agg(version::text, ',') FROM dwarf.graph WHERE name = 'lone'}), '1|1',
+	'... and shard 1 now has version 1 too');
+is(r(q{SELECT dwarf.define('lone', '{"tasks": {"A": "app.a2"}}')}), '2',
+	'the next define of another definition gives version 2 on both');
+is(both(q{SELECT max(version) FROM dwarf.graph WHERE name = 'lone'}), '2|2', '... on both shards');
+
+# ---------------------------------------------------------------------------
+# A few hundred flows through the router.
+
+my @plain = split /\n/,
+  r("SELECT dwarf.create('g', jsonb_build_object('n', i)) FROM generate_series(1, $NPLAIN) i");
+is(scalar @plain, $NPLAIN, "$NPLAIN creates without a key return ids");
+
+my $keyed_sql = "SELECT dwarf.create('g', jsonb_build_object('n', 1000 + i), idempotency_key => 'key-' || i)
+                   FROM generate_series(1, $NKEYED) i ORDER BY i";
+my $keyed = r($keyed_sql);
+is(r($keyed_sql), $keyed, 'creates retried with the same idempotency keys return the same flow ids');
+my @keyed = split /\n/, $keyed;
+is(r("SELECT flow_id FROM dwarf.run('g', '{\"n\": 1001}', idempotency_key => 'key-1')"), $keyed[0],
+	'a run with the key of an earlier create returns that flow');
+
+my @run = split /\n/, r("SELECT status || ' ' || (state->>'count') || ' ' || flow_id
+                           FROM generate_series(1, $NRUN) i,
+                                dwarf.run('g', jsonb_build_object('n', 2000 + i),
+                                          idempotency_key => 'run-' || i, timeout => '60 s')");
+is(scalar(grep { /^completed $NTASKS \d+$/ } @run), $NRUN, "$NRUN runs through the router complete");
+my @ids = (@plain, @keyed, map { (split / /)[2] } @run);
+my $total = scalar @ids;
+
+ok($router->poll_query_until('postgres', 'SELECT running FROM dwarf.stats', '0'),
+	'no flow runs any more (dwarf.stats through the router)');
+for my $i (0, 1)
+{
+	my $shard = $shards[$i];
+	is($shard->safe_psql('postgres', "SELECT count(*) FROM dwarf.flow WHERE id >> 48 <> $i"), '0',
+		"every flow on shard $i has $i in its id");
+	check_flows_exactly_once($shard, 'postgres', when => "on shard $i");
+}
+my $on_shards = join(',', sort { $a <=> $b } split /\n/,
+	join("\n", map { $_->safe_psql('postgres', 'SELECT id FROM dwarf.flow') } @shards));
+is($on_shards, join(',', sort { $a <=> $b } @ids),
+	"the shards hold exactly the $total flows the router returned");
+my @per_shard = map { $_->safe_psql('postgres', 'SELECT count(*) FROM dwarf.flow') } @shards;
+note "flows per shard: @per_shard";
+ok($per_shard[0] > $total / 4 && $per_shard[1] > $total / 4, 'both shards got a fair share of the flows');
+
+# ---------------------------------------------------------------------------
+# Every call on a flow, through the router, on a flow of each shard.
+
+for my $i (0, 1)
+{
+	my ($f) = grep { ($_ >> 48) == $i } @plain;
+	my $where = "(a flow of shard $i)";
+
+	is(r("SELECT status || ' ' || (state->>'count') FROM dwarf.await($f)"), "completed $NTASKS",
+		"await $where");
+	is(r("SELECT graph || ' ' || status || ' ' || steps FROM dwarf.snapshot($f)"),
+		"g completed $NTASKS", "snapshot $where");
+	is( r("SELECT string_agg(task, ',' ORDER BY step_id) || ' ' || bool_and(step_id >> 48 = $i + 1)
+	         FROM dwarf.history($f)"),
+		"a1,a2,a3,b1,b2,b3,j,c1,c2,c3 true", "history $where: its steps, their ids carrying the shard");
+	my $c1 = r("SELECT step_id FROM dwarf.step($f, 'c1')");
+	like($c1, qr/^\d+$/, "step $where: one step of task c1");
+	is(r("SELECT dwarf.state_at($f, $c1) ->> 'count'"), '7', "state_at $where: 7 tasks before c1");
+	like(r("SELECT dwarf.history_mermaid($f)"), qr/^flowchart TD.*c3<br\/>completed/s,
+		"history_mermaid $where");
+
+	my $fork = r("SELECT dwarf.fork($c1, '{\"forked\": true}')");
+	is($fork >> 48, $i, "fork $where: the new flow is on the same shard");
+	is(r("SELECT status || ' ' || (state->>'count') || ' ' || (state->>'forked') FROM dwarf.await($fork, '60 s')"),
+		"completed $NTASKS true", "... and runs c1..c3 from the state c1 saw");
+
+	my $next = r("SELECT dwarf.continue($f, '{\"n\": 999}')");
+	is($next >> 48, $i, "continue $where: the thread's next flow is on the same shard");
+	is(r("SELECT status || ' ' || (state->>'count') || ' ' || (state->>'n') FROM dwarf.await($next, '60 s')"),
+		'completed 20 999', '... and runs the graph again from the final state');
+	r("SELECT dwarf.delete($next)");
+	is(r("SELECT count(*) FROM dwarf.snapshot($next)"), '0', "delete $where");
+	is($shards[$i]->safe_psql('postgres', "SELECT count(*) FROM dwarf.flow WHERE id = $next"), '0',
+		'... the flow is gone from its shard');
+}
+
+# cancel and resume need flows that wait: "ask" parks at its interrupt.
+my @asks = split /\n/, r("SELECT dwarf.create('ask', '{}') FROM generate_series(1, 16)");
+my %ask_on;
+push @{ $ask_on{ $_ >> 48 } }, $_ for @asks;
+for my $i (0, 1)
+{
+	my ($resumed, $cancelled) = @{ $ask_on{$i} || [] };
+  SKIP:
+	{
+		skip "no ask flow landed on shard $i", 4 unless defined $cancelled;
+		is(r("SELECT status || ' ' || (interrupt_payload->>'ask') FROM dwarf.await($resumed, '60 s')"),
+			'interrupted ok?', "await of an interrupted flow on shard $i: its payload");
+		r("SELECT dwarf.resume($resumed, '\"yes\"')");
+		is(r("SELECT status || ' ' || (state->>'answer') FROM dwarf.await($resumed, '60 s')"),
+			'completed yes', "resume on shard $i: the flow completes with the answer");
+		r("SELECT status FROM dwarf.await($cancelled, '60 s')");
+		r("SELECT dwarf.cancel($cancelled, 'no longer needed')");
+		is(r("SELECT status || ' ' || cancel_reason FROM dwarf.await($cancelled)"),
+			'cancelled no longer needed', "cancel on shard $i");
+		like(r_err("SELECT dwarf.resume($cancelled)"),
+			qr/cancelled.*Raised by dwarf shard $i/s,
+			"a shard's refusal (resume of a cancelled flow) names the shard");
+	}
+}
+
+like(r_err('SELECT * FROM dwarf.await(' . (5 << 48) . ')'),
+	qr/42704: flow \d+ does not exist\s+DETAIL:  Its id names dwarf shard 5/,
+	'await of a flow id naming a shard the router does not have: a clear error');
+like(r_err('SELECT dwarf.fork(12)'), qr/step 12 does not exist.*carries none/s,
+	'fork of a step id that carries no shard (as a shard shows them) is refused');
+like(r_err("SELECT dwarf.interrupt('{}')"), qr/0A000: dwarf\.interrupt cannot be called on a dwarf router/,
+	'a call that only makes sense inside a task says so on the router');
+
+# ---------------------------------------------------------------------------
+# Calls over all shards.
+
+my $all = join(',', sort { $b <=> $a } split /\n/,
+	join("\n", map { $_->safe_psql('postgres', 'SELECT id FROM dwarf.flow') } @shards));
+my (@paged, $before, $pages);
+while (1)
+{
+	my $page = r('SELECT string_agg(flow_id::text, \',\' ORDER BY flow_id DESC) FROM dwarf.list(before => '
+		  . ($before // 'NULL') . ', "limit" => 37)');
+	last if $page eq '';
+	my @rows = split /,/, $page;
+	push @paged, @rows;
+	$before = $rows[-1];
+	last if ++$pages > 100;
+}
+is(join(',', @paged), $all,
+	'list through the router, 37 at a time with the cursor, sees every flow of both shards once, by descending id');
+is(r("SELECT count(*) FROM dwarf.list(graph => 'ask', \"limit\" => 1000)"),
+	sum_shards("SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'ask'"),
+	'list filters on every shard');
+
+is(r("SELECT completed || ' ' || steps_done FROM dwarf.stats"),
+	sum_shards('SELECT completed FROM dwarf.stats') . ' ' . sum_shards('SELECT steps_done FROM dwarf.stats'),
+	'stats: the sums of both shards\' dwarf.stats');
+is(r('SELECT count(DISTINCT pid) FROM dwarf.worker_stats()'), '4', 'worker_stats: the workers of both shards');
+
+my $closed = sum_shards("SELECT count(*) FROM dwarf.flow WHERE status NOT IN ('running', 'interrupted')");
+is(r("SELECT dwarf.purge('0 s')"), $closed, "purge: $closed closed flows deleted on both shards in all");
+is(both("SELECT count(*) FROM dwarf.flow WHERE status NOT IN ('running', 'interrupted')"), '0|0',
+	'... and none left on either');
+
+SKIP:
+{
+	skip 'the shards have no dwarf.maintain (yet)', 1
+	  unless $shards[0]->safe_psql('postgres',
+		"SELECT count(*) FROM pg_proc WHERE proname = 'maintain' AND pronamespace = 'dwarf'::regnamespace")
+	  eq '1';
+	is(r(q{SELECT string_agg(k, ',' ORDER BY k) FROM jsonb_object_keys(dwarf.maintain() -> 'shards') k}),
+		'0,1', 'maintain runs on both shards and returns each one\'s result');
+}
+
+# ---------------------------------------------------------------------------
+# Shard 1 down.
+
+my @waiting = split /\n/, r("SELECT dwarf.create('ask', '{}') FROM generate_series(1, 16)");
+my ($wait0) = grep { ($_ >> 48) == 0 } @waiting;
+my ($wait1) = grep { ($_ >> 48) == 1 } @waiting;
+r("SELECT status FROM dwarf.await($_, '60 s')") for ($wait0, $wait1);
+my $key1 = r(q{SELECT k FROM generate_series(1, 100) i, LATERAL (SELECT 'down-' || i AS k) x
+                WHERE (hashtext(k) & 2147483647) % 2 = 1 ORDER BY i LIMIT 1});
+my $key0 = r(q{SELECT k FROM generate_series(1, 100) i, LATERAL (SELECT 'down-' || i AS k) x
+                WHERE (hashtext(k) & 2147483647) % 2 = 0 ORDER BY i LIMIT 1});
+
+$shards[1]->stop('fast');
+
+like(r_err("SELECT * FROM dwarf.await($wait1)"), qr/08006: dwarf shard 1 is unreachable/,
+	'with shard 1 stopped, await of one of its flows fails naming it');
+like(r_err("SELECT dwarf.resume($wait1)"), qr/08006: dwarf shard 1 is unreachable/, '... resume too');
+like(r_err("SELECT dwarf.create('g', '{}', idempotency_key => '$key1')"),
+	qr/08006: dwarf shard 1 is unreachable/, '... and a create whose key hashes to it');
+like(r_err('SELECT count(*) FROM dwarf.list()'), qr/08006: dwarf shard 1 is unreachable/,
+	'... and list, which needs every shard');
+is(r("SELECT status FROM dwarf.await($wait0)"), 'interrupted', 'await of a flow of shard 0 works');
+r("SELECT dwarf.resume($wait0, '\"yes\"')");
+is(r("SELECT status FROM dwarf.await($wait0, '60 s')"), 'completed', 'resume on shard 0 works');
+like(r("SELECT dwarf.create('g', '{}', idempotency_key => '$key0')"), qr/^\d+$/,
+	'a create whose key hashes to shard 0 works');
+my $moved = r("SELECT string_agg(DISTINCT (dwarf.create('g', '{}') >> 48)::text, ',') FROM generate_series(1, 20)");
+is($moved, '0', 'creates without a key all go to shard 0 while shard 1 is down');
+is(r("SELECT string_agg(partition || ok::text, ' ' ORDER BY partition) FROM dwarf_router.shards()"),
+	'0true 1false', 'dwarf_router.shards() shows partition 1 down');
+
+$shards[1]->start;
+r("SELECT dwarf.resume($wait1, '\"later\"')");
+is(r("SELECT status || ' ' || (state->>'answer') FROM dwarf.await($wait1, '60 s')"), 'completed later',
+	'once shard 1 is back, its flows answer through the router again');
+ok($router->poll_query_until('postgres', 'SELECT running FROM dwarf.stats', '0'),
+	'every flow created while shard 1 was down completes');
+
+check_no_crash($_, 'no crash on ' . $_->name) for @shards;
+$router->stop('fast');
+$shards[0]->stop('fast');
+stop_node($shards[1], $t0);
+
+done_testing();
