@@ -145,10 +145,21 @@ COMMENT ON TABLE dwarf.flow_archive IS
 CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS,
 	flow_finished_at timestamptz NOT NULL)
 	PARTITION BY RANGE (flow_finished_at);
-CREATE INDEX step_archive_flow ON dwarf.step_archive (flow_id, step_id);
-CREATE INDEX step_archive_step_id ON dwarf.step_archive USING brin (step_id);
+/*
+ * Block-range indexes, not B-trees: dwarf.maintain appends a chunk's steps
+ * sorted by flow, so a flow's steps sit on one or two pages whose range
+ * of flow ids is narrow, and an append costs no index WAL (a B-tree entry
+ * per step would add a quarter to the move's WAL).  A lookup goes to one
+ * day partition through the flow's row (see dwarf.flow_steps), and
+ * dwarf.maintain summarizes the new pages after each pass.
+ */
+CREATE INDEX step_archive_flow ON dwarf.step_archive USING brin (flow_id)
+	WITH (pages_per_range = 4);
+CREATE INDEX step_archive_step_id ON dwarf.step_archive USING brin (step_id)
+	WITH (pages_per_range = 4);
 COMMENT ON TABLE dwarf.step_archive IS
-	'The steps of the flows in dwarf.flow_archive, in the partition of the day their flow closed';
+	'The steps of the flows in dwarf.flow_archive, in the partition of the day their flow closed; '
+	'read a flow''s steps with dwarf.flow_steps(flow_id), which goes to that day only';
 COMMENT ON COLUMN dwarf.step_archive.flow_finished_at IS
 	'When the step''s flow closed: the partition key, the same day as the flow''s row';
 
@@ -180,6 +191,36 @@ CREATE VIEW dwarf.step_all WITH (security_invoker = true) AS
 	  FROM dwarf.step_archive;
 COMMENT ON VIEW dwarf.step_all IS 'dwarf.step and dwarf.step_archive together';
 GRANT SELECT ON dwarf.flow_all, dwarf.step_all TO PUBLIC;
+
+/*
+ * A flow's steps, live or archived.  An archived flow's steps are read from
+ * the one day partition its row names, through the block-range index: a
+ * scan of dwarf.step_all by flow_id alone would look into every day.  The
+ * function's statements share its caller's snapshot, so a flow that
+ * dwarf.maintain moves meanwhile is found in one place or the other.
+ */
+CREATE FUNCTION dwarf.flow_steps(flow_id bigint) RETURNS SETOF dwarf.step
+	LANGUAGE plpgsql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	SET enable_seqscan = off
+	AS $$
+DECLARE
+	closed timestamptz;
+BEGIN
+	SELECT f.finished_at INTO closed FROM dwarf.flow_archive f WHERE f.id = flow_steps.flow_id;
+	IF closed IS NULL THEN
+		RETURN QUERY SELECT * FROM dwarf.step s WHERE s.flow_id = flow_steps.flow_id;
+	ELSE
+		RETURN QUERY
+			SELECT s.flow_id, s.step_id, s.token, s.task, s.status, s.attempt, s.started_at,
+				   s.finished_at, s.changes, s.goto_task, s.wake_at, s.signal, s.error
+			  FROM dwarf.step_archive s
+			 WHERE s.flow_id = flow_steps.flow_id AND s.flow_finished_at = closed;
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION dwarf.flow_steps(bigint) IS
+	'The steps of a flow (live or archived) the caller may see, in no particular order';
 
 CREATE TYPE dwarf.outcome AS (
 	flow_id		bigint,
@@ -339,8 +380,8 @@ CREATE FUNCTION dwarf.state_at(flow_id bigint, before_step bigint DEFAULT NULL)
 	AS $$
 	SELECT coalesce(dwarf.replay_state(state_at.flow_id, state_at.before_step),
 		   dwarf.fold_changes(f.input,
-			   ARRAY(SELECT s.changes FROM dwarf.step_all s
-					  WHERE s.flow_id = f.id AND s.status IN ('completed', 'retry')
+			   ARRAY(SELECT s.changes FROM dwarf.flow_steps(f.id) s
+					  WHERE s.status IN ('completed', 'retry')
 						AND (state_at.before_step IS NULL OR s.step_id < state_at.before_step)
 					  ORDER BY s.step_id),
 			   g.definition -> 'reducers'))
@@ -361,7 +402,7 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	SELECT f.id, g.name, g.version, f.status,
 		   coalesce(f.state, dwarf.state_at(f.id)),
 		   f.error, f.interrupt_payload, f.cancel_reason,
-		   (SELECT count(*) FROM dwarf.step_all s WHERE s.flow_id = f.id),
+		   (SELECT count(*) FROM dwarf.flow_steps(f.id)),
 		   f.created_at, f.finished_at
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE f.id = snapshot.flow_id
@@ -378,8 +419,7 @@ CREATE FUNCTION dwarf.history(flow_id bigint)
 	AS $$
 	SELECT s.step_id, s.task, s.status, s.attempt, s.started_at,
 		   s.finished_at, s.error ->> 'message', s.changes
-	  FROM dwarf.step_all s
-	 WHERE s.flow_id = history.flow_id
+	  FROM dwarf.flow_steps(history.flow_id) s
 	 ORDER BY s.step_id
 $$;
 COMMENT ON FUNCTION dwarf.history(bigint) IS 'One row per step of a flow, in execution order';
@@ -445,14 +485,15 @@ BEGIN
 
 	/* One node per task, styled by the outcome of its last step. */
 	FOR t IN
-		SELECT k.name, k.n,
-			   (SELECT s.status FROM dwarf.step_all s
-				 WHERE s.flow_id = history_mermaid.flow_id AND s.task = k.name
-				 ORDER BY s.step_id DESC LIMIT 1) AS status,
-			   (SELECT count(*) FROM dwarf.step_all s
-				 WHERE s.flow_id = history_mermaid.flow_id AND s.task = k.name
-				   AND s.status IN ('completed', 'failed')) AS runs
+		WITH s AS (SELECT s.task, s.status, s.step_id FROM dwarf.flow_steps(history_mermaid.flow_id) s),
+		 last AS (SELECT DISTINCT ON (s.task) s.task, s.status FROM s ORDER BY s.task, s.step_id DESC),
+		 runs AS (SELECT s.task, count(*) FILTER (WHERE s.status IN ('completed', 'failed')) AS runs
+					FROM s GROUP BY s.task)
+		SELECT k.name, k.n, l.status, coalesce(r.runs, 0) AS runs
 		  FROM unnest(tasks) WITH ORDINALITY AS k(name, n)
+		  LEFT JOIN last l ON l.task = k.name
+		  LEFT JOIN runs r ON r.task = k.name
+		 ORDER BY k.n
 	LOOP
 		out := out || format('    n%s["%s<br/>%s"]:::%s', t.n,
 							 replace(t.name, '"', '#quot;'),
@@ -692,13 +733,23 @@ BEGIN
 		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING 1),
 		 steps AS (DELETE FROM dwarf.step s USING gone g WHERE s.flow_id = g.id
 				   RETURNING s.*, g.finished_at AS flow_finished_at),
-		 archived AS (INSERT INTO dwarf.step_archive SELECT * FROM steps RETURNING 1)
+		 archived AS (INSERT INTO dwarf.step_archive SELECT * FROM steps ORDER BY flow_id, step_id
+					  RETURNING 1)
 		SELECT (SELECT count(*) FROM flows), (SELECT count(*) FROM archived)
 		  INTO n_flows, n_steps;
 		moved_flows := moved_flows + n_flows;
 		moved_steps := moved_steps + n_steps;
 		i := i + chunk;
 	END LOOP;
+
+	/* The pages just filled join the block-range indexes' summaries. */
+	IF moved_steps > 0 THEN
+		PERFORM brin_summarize_new_values(i.indexrelid)
+		   FROM dwarf.archive_days('dwarf.step_archive') a
+		   JOIN pg_index i ON i.indrelid = a.partition
+		   JOIN pg_class c ON c.oid = i.indexrelid
+		   JOIN pg_am am ON am.oid = c.relam AND am.amname = 'brin';
+	END IF;
 
 	FOR d IN SELECT a.day, a.partition FROM dwarf.archive_days('dwarf.flow_archive') a
 			  WHERE a.day < expired_before LOOP

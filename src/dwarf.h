@@ -424,7 +424,7 @@ extern Jsonb *FlowStateSoFar(FlowRun *flow);
 /* The same, for a flow that may be archived. */
 #define STEP_ROWS_ALL_SQL \
 	"SELECT token, task, status, changes, goto_task, error, wake_at, attempt," \
-	" started_at, signal FROM dwarf.step_all WHERE flow_id = $1"
+	" started_at, signal FROM dwarf.flow_steps($1) WHERE true"
 extern bool ReplayStepRow(FlowRun *flow, HeapTuple tup, TupleDesc desc);
 
 /* ---------- control.c: the step a task runs in ---------- */

@@ -405,9 +405,10 @@ dwarf_delete(PG_FUNCTION_ARGS)
 		 "  SELECT $1::bigint AS id"
 		 "  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id),"
 		 " steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree)),"
-		 " archived_steps AS (DELETE FROM dwarf.step_archive WHERE flow_id IN (SELECT id FROM tree)),"
 		 " archived AS (DELETE FROM dwarf.flow_archive WHERE id IN (SELECT id FROM tree)"
-		 "  RETURNING id, parent_id),"
+		 "  RETURNING id, parent_id, finished_at),"
+		 " archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a"
+		 "  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at),"
 		 " live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree)"
 		 "  RETURNING id, parent_id)"
 		 " SELECT id, parent_id FROM live UNION ALL SELECT id, parent_id FROM archived",
