@@ -1198,9 +1198,10 @@ COMMENT ON FUNCTION dwarf.purge(interval) IS
 	'Deletes the caller''s closed flows older than older_than on every shard; returns how many in all';
 
 /*
- * dwarf.maintain on every shard.  Its result is summed key by key where the
- * values are numbers (flows moved, partitions dropped, ...); "shards" keeps
- * each shard's own result, under its shard number.
+ * dwarf.maintain on every shard.  Its results are combined key by key: numbers
+ * (flows moved, partitions dropped, milliseconds taken) are summed, booleans
+ * or-ed ("more": some shard has more to do); "shards" keeps each shard's own
+ * result, under its shard number, for everything else.
  */
 CREATE FUNCTION dwarf.maintain(now timestamptz DEFAULT now()) RETURNS jsonb
 	LANGUAGE plpgsql
@@ -1211,13 +1212,21 @@ DECLARE
 	e_hint text;
 BEGIN
 	RETURN (
-		WITH r AS MATERIALIZED (SELECT * FROM dwarf_router.maintain_on_all(maintain.now))
-		SELECT coalesce((SELECT jsonb_object_agg(e.key, e.total)
-						   FROM (SELECT x.key, sum(x.value::text::numeric) AS total
-								   FROM r, jsonb_each(CASE jsonb_typeof(r.result) WHEN 'object'
-														   THEN r.result ELSE '{}' END) x
-								  WHERE jsonb_typeof(x.value) = 'number'
-								  GROUP BY x.key) e), '{}')
+		WITH r AS MATERIALIZED (SELECT * FROM dwarf_router.maintain_on_all(maintain.now)),
+		fields AS (
+			SELECT x.key, x.value
+			  FROM r, jsonb_each(CASE jsonb_typeof(r.result) WHEN 'object' THEN r.result ELSE '{}' END) x)
+		SELECT coalesce((SELECT jsonb_object_agg(t.key, t.total)
+						   FROM (SELECT f.key,
+										CASE min(jsonb_typeof(f.value))
+											WHEN 'number' THEN to_jsonb(sum(f.value::text::numeric)
+															   FILTER (WHERE jsonb_typeof(f.value) = 'number'))
+											ELSE to_jsonb(bool_or(f.value::text::boolean)
+														  FILTER (WHERE jsonb_typeof(f.value) = 'boolean')) END AS total
+								   FROM fields f
+								  WHERE jsonb_typeof(f.value) IN ('number', 'boolean')
+								  GROUP BY f.key
+								 HAVING count(DISTINCT jsonb_typeof(f.value)) = 1) t), '{}')
 			   || jsonb_build_object('shards',
 					  (SELECT coalesce(jsonb_object_agg(r.shard::text, r.result ORDER BY r.shard), '{}')
 						 FROM r)));
