@@ -181,7 +181,21 @@ Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
 SPIPlanPtr
 PrepareKept(const char *sql, int nargs, Oid *types)
 {
-	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
+	return PrepareKeptReplanned(sql, nargs, types, false);
+}
+
+/*
+ * PrepareKept, or with replan a statement planned anew at every execution
+ * (for its actual arguments and the table's size then): for a statement
+ * whose best plan depends on them, such as "id = ANY($1)" over a table that
+ * was empty when a worker started (a generic plan would scan it whole for
+ * as long as that plan lives).
+ */
+SPIPlanPtr
+PrepareKeptReplanned(const char *sql, int nargs, Oid *types, bool replan)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, types,
+										  replan ? CURSOR_OPT_CUSTOM_PLAN : CURSOR_OPT_GENERIC_PLAN);
 
 	if (plan == NULL || SPI_keepplan(plan) != 0)
 		elog(ERROR, "dwarf: could not prepare \"%s\": %s", sql,

@@ -456,6 +456,7 @@ extern int64 NewFlowId(void);
 extern void NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters);
 extern Oid	DwarfExtensionOwner(void);
 extern SPIPlanPtr PrepareKept(const char *sql, int nargs, Oid *types);
+extern SPIPlanPtr PrepareKeptReplanned(const char *sql, int nargs, Oid *types, bool replan);
 extern void DwarfRescanOnCommit(void);
 
 #endif							/* DWARF_H */

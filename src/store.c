@@ -53,7 +53,21 @@ static StepTable Steps = {NULL, NULL, InvalidOid};
 static HTAB *Graphs = NULL;		/* compiled graph versions by id */
 
 static SPIPlanPtr CloseFlowPlan = NULL;
+
+/* A flow's row as AddFlow reads it, for the flows the condition picks. */
+#define LOAD_FLOWS_SQL(condition) \
+	"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage," \
+	" fairness_key, fairness_weight," \
+	" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task," \
+	" parent_id," \
+	" parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id" \
+	"  AND p.status IN ('running', 'interrupted'))" \
+	" FROM dwarf.flow f WHERE " condition " AND status IN ('running', 'interrupted')"
+
+/* Up to this many flows to load are read one by one (see PreparePlans). */
+#define LOAD_ONE_BY_ONE 16
 static SPIPlanPtr LoadFlowsPlan = NULL;
+static SPIPlanPtr LoadFlowPlan = NULL;
 static SPIPlanPtr ScanFlowsPlan = NULL;
 static SPIPlanPtr LoadStepsPlan = NULL;
 static SPIPlanPtr LoadGraphPlan = NULL;
@@ -83,15 +97,13 @@ PreparePlans(void)
 		"UPDATE dwarf.flow SET status = $2, state = $3, error = $4, finished_at = clock_timestamp()"
 		" WHERE id = $1 AND status = 'running'",
 		4, close_types);
-	LoadFlowsPlan = PrepareKept(
-		"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage,"
-		" fairness_key, fairness_weight,"
-		" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task,"
-		" parent_id,"
-		" parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id"
-		"  AND p.status IN ('running', 'interrupted'))"
-		" FROM dwarf.flow f WHERE id = ANY($1) AND status IN ('running', 'interrupted')",
-		1, ids_type);
+	/*
+	 * A few flows (a dwarf.run, a resume) are read one by one by primary
+	 * key; many at once (a bulk create, a restart) with one statement that
+	 * is planned for each call's ids, see PrepareKeptReplanned.
+	 */
+	LoadFlowPlan = PrepareKept(LOAD_FLOWS_SQL("id = $1"), 1, int8_type);
+	LoadFlowsPlan = PrepareKeptReplanned(LOAD_FLOWS_SQL("id = ANY($1)"), 1, ids_type, true);
 	ScanFlowsPlan = PrepareKept(
 		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
 		" AND ((id & 281474976710655) % $1) = $2",
@@ -455,6 +467,53 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	return flow;
 }
 
+/*
+ * Puts in memory the flows of the last load statement's rows.  Adds the
+ * ids of those that cannot load to failed, and the flows found closed
+ * (their close just written) to *closed, in outer.
+ */
+static void
+TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed, List **closed)
+{
+	SPITupleTable *tuptable = SPI_tuptable;
+	uint64		count = SPI_processed;
+	uint64		i;
+
+	for (i = 0; i < count; i++)
+	{
+		HeapTuple	tup = tuptable->vals[i];
+		TupleDesc	desc = tuptable->tupdesc;
+		bool		isnull;
+		FlowRun    *flow;
+		Datum		d;
+
+		flow = AddFlow(tup, desc, any_replay);
+		if (flow == NULL)
+		{
+			failed[(*nfailed)++] = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+			continue;
+		}
+		/*
+		 * A runner reads the flow only to run its one step: resumes and
+		 * closes found on the way are the owning worker's to write.
+		 */
+		if (IsRunner)
+			continue;
+		d = SPI_getbinval(tup, desc, 6, &isnull);
+		if (!isnull)
+			ApplyResume(flow, DatumGetJsonbP(d));
+		if (flow->status != FLOW_RUNNING)
+		{
+			MemoryContext old;
+
+			WriteClose(flow);
+			old = MemoryContextSwitchTo(outer);
+			*closed = lappend(*closed, flow);
+			MemoryContextSwitchTo(old);
+		}
+	}
+}
+
 /* Loads the flows listed in ToLoad (and all of ours after a full scan). */
 void
 LoadFlows(void)
@@ -510,50 +569,24 @@ LoadFlows(void)
 		any_replay |= item->replay;
 	}
 
-	if (n > 0)
+	failed = MemoryContextAlloc(outer, sizeof(int64) * Max(n, 1));
+	if (n > LOAD_ONE_BY_ONE)
 	{
 		Datum		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
-		SPITupleTable *tuptable;
-		uint64		i,
-					count;
 
 		if (SPI_execute_plan(LoadFlowsPlan, &arg, NULL, false, 0) != SPI_OK_SELECT)
 			elog(ERROR, "dwarf: could not load flows");
-		tuptable = SPI_tuptable;
-		count = SPI_processed;
-		failed = MemoryContextAlloc(outer, sizeof(int64) * Max(count, 1));
-		for (i = 0; i < count; i++)
+		TakeLoadedRows(any_replay, outer, failed, &nfailed, &closed);
+	}
+	else
+	{
+		int			i;
+
+		for (i = 0; i < n; i++)
 		{
-			HeapTuple	tup = tuptable->vals[i];
-			TupleDesc	desc = tuptable->tupdesc;
-			bool		isnull;
-			FlowRun    *flow;
-			Datum		d;
-
-			flow = AddFlow(tup, desc, any_replay);
-			if (flow == NULL)
-			{
-				failed[nfailed++] = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-				continue;
-			}
-			/*
-			 * A runner reads the flow only to run its one step: resumes and
-			 * closes found on the way are the owning worker's to write.
-			 */
-			if (IsRunner)
-				continue;
-			d = SPI_getbinval(tup, desc, 6, &isnull);
-			if (!isnull)
-				ApplyResume(flow, DatumGetJsonbP(d));
-			if (flow->status != FLOW_RUNNING)
-			{
-				MemoryContext old;
-
-				WriteClose(flow);
-				old = MemoryContextSwitchTo(outer);
-				closed = lappend(closed, flow);
-				MemoryContextSwitchTo(old);
-			}
+			if (SPI_execute_plan(LoadFlowPlan, &ids[i], NULL, false, 0) != SPI_OK_SELECT)
+				elog(ERROR, "dwarf: could not load flow " INT64_FORMAT, DatumGetInt64(ids[i]));
+			TakeLoadedRows(any_replay, outer, failed, &nfailed, &closed);
 		}
 	}
 
