@@ -108,24 +108,21 @@ COMMENT ON FUNCTION dwarf_router.partition_of(bigint) IS
 	'The partition of dwarf_shards that holds a flow: the shard number in bits 48 to 62 of its id';
 
 /*
- * Step ids.  A shard numbers its steps from a sequence of its own, so the
- * same step id exists on every shard and names nothing by itself.  The
- * router therefore hands out step ids that carry their shard, as flow ids
- * do: bits 48 to 62 hold the shard's number plus one, the low 48 bits the
- * shard's own step id.  The "plus one" keeps a step id read from a shard
- * directly (high bits 0) from being taken for one of shard 0's.
+ * Step ids.  A shard's step ids carry the shard of their flow in bits 48 to
+ * 62, as flow ids do, so the router passes them through unchanged and
+ * routes a step id the way it routes a flow id.
  */
 CREATE FUNCTION dwarf_router.routed_step_id(part int, step_id bigint) RETURNS bigint
 	LANGUAGE sql IMMUTABLE
-	AS $$ SELECT ((part + 1)::bigint << 48) | step_id $$;
+	AS $$ SELECT step_id $$;
 COMMENT ON FUNCTION dwarf_router.routed_step_id(int, bigint) IS
-	'The router''s id of a shard''s step: (shard + 1) in bits 48 to 62, the shard''s step id below';
+	'The router''s id of a shard''s step: the shard''s own, which carries the shard in bits 48 to 62';
 
 CREATE FUNCTION dwarf_router.shard_step_id(step_id bigint) RETURNS bigint
 	LANGUAGE sql IMMUTABLE
-	AS $$ SELECT step_id & 281474976710655 $$;	-- 2^48 - 1
+	AS $$ SELECT step_id $$;
 COMMENT ON FUNCTION dwarf_router.shard_step_id(bigint) IS
-	'The shard''s own id of a step the router named (its low 48 bits)';
+	'The shard''s id of a step the router named: the same id';
 
 CREATE FUNCTION dwarf_router.partition_of_step(step_id bigint) RETURNS int
 	LANGUAGE plpgsql STABLE
@@ -133,20 +130,17 @@ CREATE FUNCTION dwarf_router.partition_of_step(step_id bigint) RETURNS int
 	AS $$
 DECLARE
 	n int := dwarf_router.partitions();
-	part int := (step_id >> 48)::int - 1;
+	part int := (step_id >> 48)::int;
 BEGIN
 	IF step_id IS NULL THEN
 		RETURN 0;
 	END IF;
-	IF step_id < 0 OR part < 0 OR part >= n THEN
+	IF step_id < 0 OR part >= n THEN
 		RAISE EXCEPTION 'step % does not exist', step_id
 			USING ERRCODE = 'undefined_object',
-				  DETAIL = CASE WHEN part >= n
-						   THEN format('Its id names dwarf shard %s, and foreign server dwarf_shards '
-									   'has partitions p0 to p%s only.', part, n - 1)
-						   ELSE 'On a router a step id carries its shard (bits 48 to 62 hold the shard number '
-								'plus one); this one carries none, as the step ids a shard shows directly.' END,
-				  HINT = 'Take step ids from dwarf.history or dwarf.step on the router.';
+				  DETAIL = format('Its id names dwarf shard %s, and foreign server dwarf_shards '
+								  'has partitions p0 to p%s only.', part, n - 1),
+				  HINT = 'A step id carries its shard''s dwarf.shard_id in bits 48 to 62.';
 	END IF;
 	RETURN part;
 END

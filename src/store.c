@@ -659,7 +659,15 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 
 	/* In the column order of dwarf.step. */
 	values[0] = Int64GetDatum(flow->id);
-	values[1] = DirectFunctionCall1(nextval_oid, ObjectIdGetDatum(Steps.seq));
+	/*
+	 * A step id carries its flow's shard in bits 48 to 62, as the flow id
+	 * does (taken from the flow, not from dwarf.shard_id, which could change
+	 * under a running flow and reorder its steps), so that a step id alone
+	 * names the shard that holds it.
+	 */
+	values[1] = Int64GetDatum((flow->id & ~((INT64CONST(1) << DWARF_SHARD_SHIFT) - 1)) |
+							  DatumGetInt64(DirectFunctionCall1(nextval_oid,
+																ObjectIdGetDatum(Steps.seq))));
 	values[2] = Int32GetDatum(token_id);
 	values[3] = CStringGetTextDatum(graph->nodes[node].name);
 	values[4] = CStringGetTextDatum(status[outcome->kind]);

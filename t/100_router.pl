@@ -13,7 +13,8 @@
 #    without idempotency keys) are spread over both shards, each on the shard
 #    its id names, and each ran every task exactly once there;
 #  - every routed call does on the flow's shard what it does on one server:
-#    await, snapshot, history and step (whose step ids carry the shard),
+#    await, snapshot, history and step (whose step ids carry the shard, as
+#    on the shard itself),
 #    state_at, fork, continue, cancel, resume of an interrupted flow, delete,
 #    history_mermaid; list pages through the flows of both shards with its
 #    cursor; stats, worker_stats, purge and maintain combine both shards;
@@ -179,9 +180,13 @@ for my $i (0, 1)
 		"await $where");
 	is(r("SELECT graph || ' ' || status || ' ' || steps FROM dwarf.snapshot($f)"),
 		"g completed $NTASKS", "snapshot $where");
-	is( r("SELECT string_agg(task, ',' ORDER BY step_id) || ' ' || bool_and(step_id >> 48 = $i + 1)
+	is( r("SELECT string_agg(task, ',' ORDER BY step_id) || ' ' || bool_and(step_id >> 48 = $i)
 	         FROM dwarf.history($f)"),
 		"a1,a2,a3,b1,b2,b3,j,c1,c2,c3 true", "history $where: its steps, their ids carrying the shard");
+	is($shards[$i]->safe_psql('postgres',
+			"SELECT string_agg(step_id::text, ',' ORDER BY step_id) FROM dwarf.history($f)"),
+		r("SELECT string_agg(step_id::text, ',' ORDER BY step_id) FROM dwarf.history($f)"),
+		"... the same step ids as on the shard itself");
 	my $c1 = r("SELECT step_id FROM dwarf.step($f, 'c1')");
 	like($c1, qr/^\d+$/, "step $where: one step of task c1");
 	is(r("SELECT dwarf.state_at($f, $c1) ->> 'count'"), '7', "state_at $where: 7 tasks before c1");
@@ -231,8 +236,8 @@ for my $i (0, 1)
 like(r_err('SELECT * FROM dwarf.await(' . (5 << 48) . ')'),
 	qr/42704: flow \d+ does not exist\s+DETAIL:  Its id names dwarf shard 5/,
 	'await of a flow id naming a shard the router does not have: a clear error');
-like(r_err('SELECT dwarf.fork(12)'), qr/step 12 does not exist.*carries none/s,
-	'fork of a step id that carries no shard (as a shard shows them) is refused');
+like(r_err('SELECT dwarf.fork(' . ((5 << 48) + 12) . ')'), qr/step \d+ does not exist.*names dwarf shard 5/s,
+	'fork of a step id naming a shard the router does not have: a clear error');
 like(r_err("SELECT dwarf.interrupt('{}')"), qr/0A000: dwarf\.interrupt cannot be called on a dwarf router/,
 	'a call that only makes sense inside a task says so on the router');
 
