@@ -628,8 +628,11 @@ COMMENT ON FUNCTION dwarf.archive_days(regclass) IS
 
 /*
  * Makes the partitions of one day (UTC) in both archive tables, unless they
- * exist; true when it made them.  Called by dwarf.maintain only, which holds
- * its lock, so two calls never race to make the same day.
+ * exist; true when it made them.  Each is made as a table of its own and
+ * then attached, which locks the parent only against other DDL (SHARE
+ * UPDATE EXCLUSIVE), so reads and moves of the archive go on meanwhile.
+ * Called by dwarf.maintain only, which holds its lock, so two calls never
+ * race to make the same day.
  */
 CREATE FUNCTION dwarf.make_archive_day(day date) RETURNS boolean
 	LANGUAGE plpgsql STRICT
@@ -639,14 +642,17 @@ DECLARE
 	suffix text := to_char(day, 'YYYYMMDD');
 	lo text := to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00';
 	hi text := to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00';
+	parent text;
 BEGIN
 	IF to_regclass('dwarf.flow_archive_' || suffix) IS NOT NULL THEN
 		RETURN false;
 	END IF;
-	EXECUTE format('CREATE TABLE dwarf.%I PARTITION OF dwarf.flow_archive FOR VALUES FROM (%L) TO (%L)',
-				   'flow_archive_' || suffix, lo, hi);
-	EXECUTE format('CREATE TABLE dwarf.%I PARTITION OF dwarf.step_archive FOR VALUES FROM (%L) TO (%L)',
-				   'step_archive_' || suffix, lo, hi);
+	FOREACH parent IN ARRAY ARRAY['flow_archive', 'step_archive'] LOOP
+		EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.%I INCLUDING DEFAULTS)',
+					   parent || '_' || suffix, parent);
+		EXECUTE format('ALTER TABLE dwarf.%I ATTACH PARTITION dwarf.%I FOR VALUES FROM (%L) TO (%L)',
+					   parent, parent || '_' || suffix, lo, hi);
+	END LOOP;
 	RETURN true;
 END
 $$;
@@ -674,6 +680,8 @@ DECLARE
 	n_steps		bigint;
 	made		text[] := '{}';
 	dropped		text[] := '{}';
+	deferred	text[] := '{}';
+	lock_timeout text;
 	more		boolean := false;
 	d			record;
 	i			int;
@@ -686,6 +694,39 @@ BEGIN
 	END IF;
 	/* One pass at a time: a second caller waits, then finds less to do. */
 	PERFORM pg_advisory_xact_lock(1685551730, 1);	/* 'dwar', 1 */
+
+	/*
+	 * Partitions first, before this pass locks any row: a session that
+	 * read the archive (and so holds a lock on it) may be waiting for a row
+	 * this pass moves, and must not then wait for this pass's DDL.
+	 *
+	 * Expired days go whole.  Dropping a partition takes an exclusive lock
+	 * on both parents, which waits for every transaction reading the archive
+	 * and holds up new readers while it waits.  It waits half a second at
+	 * most (less than deadlock_timeout, so that a reader that took the two
+	 * parents in the other order is never the one a deadlock check fails),
+	 * else the day is left to the next pass.
+	 */
+	lock_timeout := current_setting('lock_timeout');
+	FOR d IN SELECT a.day, a.partition FROM dwarf.archive_days('dwarf.flow_archive') a
+			  WHERE a.day < expired_before LOOP
+		BEGIN
+			PERFORM set_config('lock_timeout', '500ms', true);
+			EXECUTE format('DROP TABLE IF EXISTS dwarf.%I, %s',
+						   'step_archive_' || to_char(d.day, 'YYYYMMDD'), d.partition);
+			dropped := dropped || to_char(d.day, 'YYYY-MM-DD');
+		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+			deferred := deferred || to_char(d.day, 'YYYY-MM-DD');
+		END;
+		PERFORM set_config('lock_timeout', lock_timeout, true);
+	END LOOP;
+
+	/* Today and the next two days, so that moves rarely wait for DDL. */
+	FOR i IN 0 .. 2 LOOP
+		IF today + i >= expired_before AND dwarf.make_archive_day(today + i) THEN
+			made := made || to_char(today + i, 'YYYY-MM-DD');
+		END IF;
+	END LOOP;
 
 	/*
 	 * Closed flows old enough, oldest first.  A closed child whose parent
@@ -706,6 +747,7 @@ BEGIN
 		ids := ids[1:most];
 	END IF;
 
+	/* The partitions of the days they closed on, if not there yet. */
 	FOR d IN SELECT DISTINCT (f.finished_at AT TIME ZONE 'UTC')::date AS day
 			   FROM dwarf.flow f WHERE f.id = ANY (ids) LOOP
 		IF dwarf.make_archive_day(d.day) THEN
@@ -714,9 +756,10 @@ BEGIN
 	END LOOP;
 
 	/*
-	 * Moved in chunks, each flow with its steps in one statement.  Flows
-	 * locked by someone else (dwarf.delete, dwarf.continue) are skipped:
-	 * the next pass takes them.
+	 * Moved in chunks, each flow with its steps in one statement, the steps
+	 * sorted by flow for the block-range indexes.  Flows locked by someone
+	 * else (dwarf.delete, dwarf.continue) are skipped: the next pass takes
+	 * them.
 	 */
 	i := 1;
 	WHILE i <= coalesce(cardinality(ids), 0) LOOP
@@ -742,28 +785,17 @@ BEGIN
 		i := i + chunk;
 	END LOOP;
 
-	/* The pages just filled join the block-range indexes' summaries. */
+	/*
+	 * The pages just filled join the block-range indexes' summaries (a lock
+	 * that only VACUUM and DDL of those partitions conflict with).
+	 */
 	IF moved_steps > 0 THEN
-		PERFORM brin_summarize_new_values(i.indexrelid)
+		PERFORM brin_summarize_new_values(ix.indexrelid)
 		   FROM dwarf.archive_days('dwarf.step_archive') a
-		   JOIN pg_index i ON i.indrelid = a.partition
-		   JOIN pg_class c ON c.oid = i.indexrelid
+		   JOIN pg_index ix ON ix.indrelid = a.partition
+		   JOIN pg_class c ON c.oid = ix.indexrelid
 		   JOIN pg_am am ON am.oid = c.relam AND am.amname = 'brin';
 	END IF;
-
-	FOR d IN SELECT a.day, a.partition FROM dwarf.archive_days('dwarf.flow_archive') a
-			  WHERE a.day < expired_before LOOP
-		EXECUTE format('DROP TABLE %s', d.partition);
-		EXECUTE format('DROP TABLE IF EXISTS dwarf.%I', 'step_archive_' || to_char(d.day, 'YYYYMMDD'));
-		dropped := dropped || to_char(d.day, 'YYYY-MM-DD');
-	END LOOP;
-
-	/* Today and the next two days, so that moves rarely wait for DDL. */
-	FOR i IN 0 .. 2 LOOP
-		IF today + i >= expired_before AND dwarf.make_archive_day(today + i) THEN
-			made := made || to_char(today + i, 'YYYY-MM-DD');
-		END IF;
-	END LOOP;
 
 	result := jsonb_build_object(
 		'moved_flows', moved_flows,
@@ -772,6 +804,7 @@ BEGIN
 		'partitions_dropped', cardinality(dropped),
 		'days_made', to_jsonb(made),
 		'days_dropped', to_jsonb(dropped),
+		'days_left_for_next_pass', to_jsonb(deferred),
 		'more', more,
 		'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
 	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain.now, result);
