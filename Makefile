@@ -17,7 +17,9 @@ OBJS = \
 	src/merge.o \
 	src/api.o \
 	src/ops.o \
-	src/control.o
+	src/control.o \
+	src/flows.o \
+	src/json.o
 
 # Two extensions: dwarf on each shard (or single server), dwarf_router on a
 # router database that sends calls to the shards with PL/Proxy (pure SQL).
@@ -50,4 +52,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h src/worker.h src/api.h
+$(OBJS): src/dwarf.h src/worker.h src/flows.h src/json.h

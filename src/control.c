@@ -17,6 +17,8 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "json.h"
+#include "flows.h"
 
 /* The step being run by this process, or NULL outside a task. */
 StepContext *DwarfCurrentStep = NULL;
@@ -79,31 +81,6 @@ Datum
 dwarf_flow_id(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT64(CurrentStep("dwarf.flow_id()")->flow->id);
-}
-
-/*
- * Microseconds in an interval argument (months count as 30 days).  With
- * what, a negative interval is an error naming that argument.
- */
-int64
-IntervalMicros(Interval *span, const char *what)
-{
-	int64		days = (int64) span->month * DAYS_PER_MONTH + span->day;
-	int64		us;
-
-	/* Past the limit, a wake time or deadline would overflow a timestamp. */
-	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
-		pg_add_s64_overflow(us, span->time, &us) ||
-		us > DWARF_MAX_INTERVAL || us < -DWARF_MAX_INTERVAL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERVAL_FIELD_OVERFLOW),
-				 errmsg("%s is out of range", what ? what : "interval"),
-				 errhint("dwarf takes intervals of at most 100 years.")));
-	if (what && us < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be negative", what)));
-	return us;
 }
 
 DWARF_FUNCTION(dwarf_retry);
@@ -258,8 +235,6 @@ dwarf_subgraph(PG_FUNCTION_ARGS)
 
 	if (SPI_processed == 0)
 	{
-		Oid			gtypes[1] = {TEXTOID};
-		Datum		gargs[1] = {CStringGetTextDatum(graph)};
 		const char *keys[2] = {"parent_id", "parent_key"};
 		JsonbValue	values[2];
 		int32		graph_id;
@@ -281,15 +256,7 @@ dwarf_subgraph(PG_FUNCTION_ARGS)
 					 errmsg("subgraph \"%s\" would nest flows more than %d deep", graph,
 							DWARF_MAX_DEPTH),
 					 errhint("A task that starts a subgraph of its own graph needs a condition that ends the recursion.")));
-		if (SPI_execute_with_args("SELECT max(id) FROM dwarf.graph WHERE name = $1",
-								  1, gtypes, gargs, NULL, true, 1) != SPI_OK_SELECT)
-			elog(ERROR, "dwarf: could not look up graph \"%s\"", graph);
-		graph_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-											   1, &isnull));
-		if (isnull)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_OBJECT),
-					 errmsg("graph \"%s\" does not exist", graph)));
+		graph_id = LatestGraph(cstring_to_text(graph), false);
 		values[0].type = jbvNumeric;
 		values[0].val.numeric = int64_to_numeric(flow->id);
 		values[1].type = jbvString;

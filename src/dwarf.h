@@ -298,6 +298,7 @@ extern Graph *GraphParse(Jsonb *definition, MemoryContext cxt, bool strict);
 extern Jsonb *GraphNormalized(Graph *graph, Jsonb *definition);
 extern Reducer *ReducersParse(JsonbValue *reducers, int *nreducers);
 extern Reducer *ReducersFromJsonb(Jsonb *reducers, int *nreducers);
+extern const char *const ReducerNames[];
 extern void GraphPrepareCalls(Graph *graph);
 extern bool GraphCallsFunction(Graph *graph, uint32 hashvalue);
 extern int	GraphNodeByName(Graph *graph, const char *name);
@@ -308,12 +309,6 @@ extern Edge *GraphGotoEdge(Graph *graph, int from, int to);
 
 extern Jsonb *MergeChanges(Jsonb *state, Jsonb *changes,
 						   Reducer *reducers, int nreducers);
-extern Jsonb *JsonbEmptyObject(void);
-extern Jsonb *JsonbWithKeys(Jsonb *state, int nkeys, const char **keys,
-							JsonbValue *values);
-extern Jsonb *JsonbWithoutKeys(Jsonb *state, int nkeys, const char **keys);
-extern JsonbValue *JsonbField(Jsonb *obj, const char *key);
-extern bool JsonbIsObject(Jsonb *jb);
 
 /* ---------- flowrun.c: a flow's tokens, transitions and replay ---------- */
 
@@ -445,18 +440,5 @@ typedef struct StepContext
 } StepContext;
 
 extern StepContext *DwarfCurrentStep;
-extern int64 IntervalMicros(Interval *span, const char *what);
-
-/* ---------- api.c ---------- */
-
-extern void DwarfXactCallback(XactEvent event, void *arg);
-extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
-						text *key, Jsonb *input, Jsonb *options, bool *is_new);
-extern int64 NewFlowId(void);
-extern void NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters);
-extern Oid	DwarfExtensionOwner(void);
-extern SPIPlanPtr PrepareKept(const char *sql, int nargs, Oid *types);
-extern SPIPlanPtr PrepareKeptReplanned(const char *sql, int nargs, Oid *types, bool replan);
-extern void DwarfRescanOnCommit(void);
 
 #endif							/* DWARF_H */

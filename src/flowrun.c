@@ -17,6 +17,7 @@
 #include "utils/numeric.h"
 
 #include "dwarf.h"
+#include "json.h"
 
 static void Route(FlowRun *flow, Token *token, int target, Jsonb *state, bool owned);
 static void BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,

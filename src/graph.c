@@ -26,13 +26,15 @@
 #include "utils/syscache.h"
 
 #include "dwarf.h"
+#include "json.h"
 
 #define DefinitionError(...) \
 	ereport(ERROR, \
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE), \
 			 errmsg(__VA_ARGS__)))
 
-static const char *const reducer_names[] = {
+/* The names of the reducers, by ReducerKind: the definition's and the errors'. */
+const char *const ReducerNames[] = {
 	"replace", "append", "add", "min", "max", "union", "merge", "and", "or", "concat"
 };
 
@@ -417,10 +419,10 @@ ReducersParse(JsonbValue *reducers, int *nreducers)
 		field = pnstrdup(k.val.string.val, k.val.string.len);
 		(void) JsonbIteratorNext(&it, &v, true);
 		name = StringValue(&v, psprintf("the reducer of field \"%s\"", field));
-		for (r = 0; r < lengthof(reducer_names); r++)
-			if (strcmp(name, reducer_names[r]) == 0)
+		for (r = 0; r < lengthof(ReducerNames); r++)
+			if (strcmp(name, ReducerNames[r]) == 0)
 				break;
-		if (r == lengthof(reducer_names))
+		if (r == lengthof(ReducerNames))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("invalid graph definition: unknown reducer \"%s\" for field \"%s\"",

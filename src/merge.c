@@ -1,7 +1,7 @@
 /*
  * merge.c
  *		Flow state: merging a step's changes into a state with the graph's
- *		per-field reducers, and small helpers for building JSON objects.
+ *		per-field reducers.
  *
  * A state is a JSON object.  A task returns its changes, also an object;
  * each changed field is combined with the old value by the field's reducer
@@ -19,123 +19,7 @@
 #include "utils/varlena.h"
 
 #include "dwarf.h"
-
-static const char *const reducer_label[] = {
-	"replace", "append", "add", "min", "max", "union", "merge", "and", "or", "concat"
-};
-
-bool
-JsonbIsObject(Jsonb *jb)
-{
-	return JB_ROOT_IS_OBJECT(jb) && !JB_ROOT_IS_SCALAR(jb);
-}
-
-/* The value of a top-level key of an object, or NULL. */
-JsonbValue *
-JsonbField(Jsonb *obj, const char *key)
-{
-	if (!JsonbIsObject(obj))
-		return NULL;
-	return getKeyJsonValueFromContainer(&obj->root, key, strlen(key), NULL);
-}
-
-Jsonb *
-JsonbEmptyObject(void)
-{
-	JsonbParseState *state = NULL;
-
-	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
-}
-
-/* An in-memory array or object as a binary value, so it can be pushed. */
-static JsonbValue *
-AsBinary(JsonbValue *v)
-{
-	JsonbValue *b;
-	Jsonb	   *jb;
-
-	if (v->type != jbvArray && v->type != jbvObject)
-		return v;
-	jb = JsonbValueToJsonb(v);
-	b = palloc(sizeof(JsonbValue));
-	b->type = jbvBinary;
-	b->val.binary.data = &jb->root;
-	b->val.binary.len = VARSIZE(jb) - VARHDRSZ;
-	return b;
-}
-
-static bool
-KeyIn(JsonbValue *key, int nkeys, const char **keys)
-{
-	int			i;
-
-	for (i = 0; i < nkeys; i++)
-		if (key->val.string.len == strlen(keys[i]) &&
-			memcmp(key->val.string.val, keys[i], key->val.string.len) == 0)
-			return true;
-	return false;
-}
-
-static void
-PushKey(JsonbParseState **state, const char *key)
-{
-	JsonbValue	k;
-
-	k.type = jbvString;
-	k.val.string.val = (char *) key;
-	k.val.string.len = strlen(key);
-	pushJsonbValue(state, WJB_KEY, &k);
-}
-
-/* Pushes the pairs of an object, less the listed keys. */
-static void
-PushPairsExcept(JsonbParseState **state, JsonbContainer *obj, int nkeys, const char **keys)
-{
-	JsonbIterator *it = JsonbIteratorInit(obj);
-	JsonbIteratorToken tok;
-	JsonbValue	k,
-				v;
-
-	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
-	{
-		if (tok != WJB_KEY)
-			continue;
-		(void) JsonbIteratorNext(&it, &v, true);
-		if (KeyIn(&k, nkeys, keys))
-			continue;
-		pushJsonbValue(state, WJB_KEY, &k);
-		pushJsonbValue(state, WJB_VALUE, &v);
-	}
-}
-
-/* A copy of an object with the given keys set to the given values. */
-Jsonb *
-JsonbWithKeys(Jsonb *obj, int nkeys, const char **keys, JsonbValue *values)
-{
-	JsonbParseState *state = NULL;
-	int			i;
-
-	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-	PushPairsExcept(&state, &obj->root, nkeys, keys);
-	for (i = 0; i < nkeys; i++)
-	{
-		PushKey(&state, keys[i]);
-		pushJsonbValue(&state, WJB_VALUE, AsBinary(&values[i]));
-	}
-	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
-}
-
-/* A copy of an object without the given keys. */
-Jsonb *
-JsonbWithoutKeys(Jsonb *obj, int nkeys, const char **keys)
-{
-	JsonbParseState *state = NULL;
-
-	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-	PushPairsExcept(&state, &obj->root, nkeys, keys);
-	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
-}
+#include "json.h"
 
 /* A JSON value's type, with its article, for error messages. */
 static const char *
@@ -172,7 +56,7 @@ ReducerTypeError(ReducerKind kind, const char *field, JsonbValue *old, JsonbValu
 	ereport(ERROR,
 			(errcode(ERRCODE_DATATYPE_MISMATCH),
 			 errmsg("reducer \"%s\" of field \"%s\" cannot combine %s with %s",
-					reducer_label[kind], field, JsonTypeName(old), JsonTypeName(new))));
+					ReducerNames[kind], field, JsonTypeName(old), JsonTypeName(new))));
 }
 
 /* JSON equality of two values, scalars or containers. */
@@ -233,7 +117,7 @@ ArrayOf(List *elems)
 	pushJsonbValue(&state, WJB_BEGIN_ARRAY, NULL);
 	foreach(lc, elems)
 		pushJsonbValue(&state, WJB_ELEM, lfirst(lc));
-	return AsBinary(pushJsonbValue(&state, WJB_END_ARRAY, NULL));
+	return JsonbAsBinary(pushJsonbValue(&state, WJB_END_ARRAY, NULL));
 }
 
 static int
@@ -295,7 +179,7 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
 					 errmsg("reducer \"%s\" of field \"%s\" cannot take %s",
-							reducer_label[kind], field, JsonTypeName(new))));
+							ReducerNames[kind], field, JsonTypeName(new))));
 		if (kind == RED_APPEND)
 			return ArrayOf(Elements(new));
 		if (kind == RED_UNION)
@@ -374,9 +258,9 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 				if (!IsContainer(old, false) || !IsContainer(new, false))
 					ReducerTypeError(kind, field, old, new);
 				pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-				PushPairsExcept(&state, old->val.binary.data, 0, NULL);
-				PushPairsExcept(&state, new->val.binary.data, 0, NULL);
-				return AsBinary(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+				JsonbPushPairsExcept(&state, old->val.binary.data, 0, NULL);
+				JsonbPushPairsExcept(&state, new->val.binary.data, 0, NULL);
+				return JsonbAsBinary(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
 			}
 		case RED_REPLACE:
 			break;

@@ -32,7 +32,8 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
-#include "api.h"
+#include "json.h"
+#include "flows.h"
 
 /*
  * The status of a flow the caller may see (row-level security shows a role
@@ -315,6 +316,8 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	Jsonb	   *state;
 	int64		flow_id;
 	int64		id;
+	int32		graph_id;
+	int32		priority;
 	bool		is_new;
 	Datum		d;
 	SavedUser	saved;
@@ -328,7 +331,7 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	args[0] = Int64GetDatum(flow_id);
 	Connect();
 	Exec("SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input),"
-		 " (SELECT max(l.id) FROM dwarf.graph l WHERE l.name = g.name), f.priority"
+		 " g.name, f.priority"
 		 " FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
 		 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
@@ -345,13 +348,13 @@ dwarf_continue(PG_FUNCTION_ARGS)
 				 errhint("Continue a flow once it has closed.")));
 	thread = SPI_getvalue(tup, desc, 2);
 	d = SPI_getbinval(tup, desc, 3, &isnull);
-	state = MergeOverrides(DatumGetJsonbP(d), PG_GETARG_JSONB_P(1),
-						   DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)));
+	priority = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
+	graph_id = LatestGraph(DatumGetTextPP(SPI_getbinval(tup, desc, 4, &isnull)), false);
+	state = MergeOverrides(DatumGetJsonbP(d), PG_GETARG_JSONB_P(1), graph_id);
 	value.type = jbvString;
 	value.val.string.val = thread;
 	value.val.string.len = strlen(thread);
-	id = InsertFlow(NewFlowId(), DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull)),
-					GetUserId(), DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull)),
+	id = InsertFlow(NewFlowId(), graph_id, GetUserId(), priority,
 					NULL, state, JsonbWithKeys(JsonbEmptyObject(), 1, &key, &value),
 					&is_new);
 

@@ -29,6 +29,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "json.h"
 #include "worker.h"
 
 /*

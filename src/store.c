@@ -28,6 +28,8 @@
 #include "utils/syscache.h"
 
 #include "dwarf.h"
+#include "json.h"
+#include "flows.h"
 #include "worker.h"
 
 typedef struct GraphEntry

@@ -54,6 +54,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "flows.h"
 #include "worker.h"
 
 DwarfWorkerSlot *MySlot = NULL;

@@ -1,0 +1,445 @@
+/*
+ * flows.c
+ *		The flow table's writers' tools, shared by the SQL functions (api.c,
+ *		ops.c, control.c) and the workers (store.c, worker.c): new flow ids
+ *		and flow rows, acting as the extension's owner, statements kept for
+ *		a session's life, notes that reach the workers when a transaction
+ *		commits, and the checks every SQL function makes of its arguments.
+ *
+ * The tables are readable under row-level security and writable by no one
+ * but the extension's owner: a function checks who may do what, then
+ * writes as the owner (BecomeOwner).
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_authid.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/proc.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgrprotos.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/numeric.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+#include "json.h"
+#include "flows.h"
+
+/* What to tell the workers (and the launcher) when this transaction commits. */
+typedef struct PendingNote
+{
+	int64		flow_id;
+	DwarfNoteKind kind;
+	bool		wake_waiters;
+} PendingNote;
+
+static List *PendingNotes = NIL;	/* in TopTransactionContext */
+static bool PendingRescan = false;
+
+/* ---------- commit-time notes ---------- */
+
+void
+NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters)
+{
+	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+	PendingNote *note = palloc(sizeof(PendingNote));
+
+	note->flow_id = flow_id;
+	note->kind = kind;
+	note->wake_waiters = wake_waiters;
+	PendingNotes = lappend(PendingNotes, note);
+	MemoryContextSwitchTo(old);
+}
+
+/* From the object access hook: an extension or database came or went. */
+void
+DwarfRescanOnCommit(void)
+{
+	PendingRescan = true;
+}
+
+/*
+ * Transaction callback: once the transaction has committed (its rows are
+ * visible), hand its notes to the owning workers and wake them.
+ */
+void
+DwarfXactCallback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	if (event == XACT_EVENT_COMMIT)
+	{
+		foreach(lc, PendingNotes)
+		{
+			PendingNote *note = lfirst(lc);
+			DwarfWorkerSlot *slot = DwarfOwnerSlot(MyDatabaseId, note->flow_id);
+
+			if (slot)
+				(void) DwarfPushNote(slot, note->flow_id, note->kind);
+			if (note->wake_waiters && Dwarf)
+				DwarfWakeWaiters(&note->flow_id, 1);
+		}
+		if (PendingRescan && Dwarf)
+		{
+			int			i;
+
+			DwarfWakeLauncher();
+			for (i = 0; i < DWARF_MAX_WORKERS; i++)
+				if (Dwarf->workers[i].dboid == MyDatabaseId && Dwarf->workers[i].latch)
+					SetLatch(Dwarf->workers[i].latch);
+		}
+	}
+	/*
+	 * The notes would have to wait for COMMIT PREPARED, which may come from
+	 * another session, after a restart: refuse, as PostgreSQL does for
+	 * LISTEN or temporary tables.
+	 */
+	if (event == XACT_EVENT_PRE_PREPARE && (PendingNotes != NIL || PendingRescan))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot PREPARE a transaction that created, cancelled, resumed or deleted dwarf flows"),
+				 errhint("Commit it instead: a flow starts when its transaction commits.")));
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PREPARE ||
+		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT)
+	{
+		PendingNotes = NIL;
+		PendingRescan = false;
+	}
+}
+
+/* ---------- acting as the extension owner ---------- */
+
+/* The owner of dwarf's tables, who alone may write them. */
+Oid
+DwarfExtensionOwner(void)
+{
+	Oid			nsp = get_namespace_oid("dwarf", false);
+	Oid			rel = get_relname_relid("flow", nsp);
+	HeapTuple	tup;
+	Oid			owner;
+
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "dwarf: table dwarf.flow is missing");
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+SavedUser
+BecomeOwner(void)
+{
+	SavedUser	saved;
+
+	GetUserIdAndSecContext(&saved.user, &saved.sec);
+	SetUserIdAndSecContext(DwarfExtensionOwner(), saved.sec | SECURITY_LOCAL_USERID_CHANGE);
+	saved.nest = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	return saved;
+}
+
+/* Back to the caller's role and search_path (an error unwinds both anyway). */
+void
+RestoreUser(SavedUser saved)
+{
+	AtEOXact_GUC(true, saved.nest);
+	SetUserIdAndSecContext(saved.user, saved.sec);
+}
+
+/* Runs one statement through SPI and checks that it did what was meant. */
+void
+Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
+	 int expect)
+{
+	int			rc = SPI_execute_with_args(sql, nargs, types, args, nulls, false, 0);
+
+	if (rc != expect)
+		elog(ERROR, "dwarf: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
+}
+
+/*
+ * Prepares a statement for the life of the backend, with a generic plan: a
+ * custom plan for every execution would plan again each time.  Used for
+ * every statement of a hot path, in client backends and workers alike.
+ */
+SPIPlanPtr
+PrepareKept(const char *sql, int nargs, Oid *types)
+{
+	return PrepareKeptReplanned(sql, nargs, types, false);
+}
+
+/*
+ * PrepareKept, or with replan a statement planned anew at every execution
+ * (for its actual arguments and the table's size then): for a statement
+ * whose best plan depends on them, such as "id = ANY($1)" over a table that
+ * was empty when a worker started (a generic plan would scan it whole for
+ * as long as that plan lives).
+ */
+SPIPlanPtr
+PrepareKeptReplanned(const char *sql, int nargs, Oid *types, bool replan)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, types,
+										  replan ? CURSOR_OPT_CUSTOM_PLAN : CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL || SPI_keepplan(plan) != 0)
+		elog(ERROR, "dwarf: could not prepare \"%s\": %s", sql,
+			 SPI_result_code_string(SPI_result));
+	return plan;
+}
+
+/* Like Exec, with a plan PrepareKept makes on first use and keeps in *plan. */
+void
+ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
+		 int expect)
+{
+	int			rc;
+
+	if (*plan == NULL)
+		*plan = PrepareKept(sql, nargs, types);
+	rc = SPI_execute_plan(*plan, args, NULL, false, 0);
+	if (rc != expect)
+		elog(ERROR, "dwarf: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
+}
+
+void
+Connect(void)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "dwarf: SPI_connect failed");
+}
+
+/*
+ * The id of the latest version of a graph, or an error naming it.  With
+ * committed, the version must not be one this transaction defined: the
+ * engine, outside this transaction, could not see it.
+ */
+int32
+LatestGraph(text *name, bool committed)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[1] = {TEXTOID};
+	Datum		args[1] = {PointerGetDatum(name)};
+	bool		isnull;
+
+	ExecKept(&plan, "SELECT id, xmin FROM dwarf.graph WHERE name = $1 ORDER BY version DESC LIMIT 1",
+			 1, types, args, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("graph \"%s\" does not exist", text_to_cstring(name)),
+				 errhint("Define it with dwarf.define().")));
+	if (committed &&
+		TransactionIdIsCurrentTransactionId(DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
+																				SPI_tuptable->tupdesc,
+																				2, &isnull))))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("graph \"%s\" was defined in this transaction", text_to_cstring(name)),
+				 errdetail("dwarf.run commits its flow on its own, where this version is not visible yet."),
+				 errhint("Commit the definition first, or use dwarf.create() and commit.")));
+	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+void
+CheckInput(Jsonb *input)
+{
+	if (!JsonbIsObject(input))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("flow input must be a JSON object")));
+}
+
+/*
+ * The functions that write flows say so on a standby, instead of failing
+ * in the middle with PostgreSQL's "read-only transaction" errors.
+ */
+void
+CheckNotStandby(const char *function)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("%s cannot run on a standby server", function),
+				 errdetail("dwarf writes flows only on the primary; this server is in recovery."),
+				 errhint("Connect to the primary to create or change flows; a standby can read them.")));
+}
+
+/*
+ * A new flow id: this shard's number, the low bits of the WAL timeline, and
+ * the sequence's value.  The timeline changes at every promotion, so a
+ * standby promoted after an asynchronous failover never hands out again an
+ * id (nor a dwarf.step_key()) that the lost primary had given out.
+ */
+int64
+NewFlowId(void)
+{
+	SavedUser	saved;
+	Oid			seq;
+	int64		value;
+
+	CheckNotStandby("dwarf");
+	saved = BecomeOwner();
+	seq = get_relname_relid("flow_seq", get_namespace_oid("dwarf", false));
+	value = DatumGetInt64(DirectFunctionCall1(nextval_oid, ObjectIdGetDatum(seq)));
+	RestoreUser(saved);
+	if (value >= (INT64CONST(1) << DWARF_EPOCH_SHIFT))
+		ereport(ERROR,
+				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
+				 errmsg("dwarf.flow_seq is past 2^40")));
+	return ((int64) dwarf_shard_id << DWARF_SHARD_SHIFT) |
+		((int64) (GetWALInsertionTimeLine() & 0xFF) << DWARF_EPOCH_SHIFT) | value;
+}
+
+/* ---------- flow rows ---------- */
+
+static SPIPlanPtr InsertFlowPlan = NULL;
+static SPIPlanPtr FindKeyPlan = NULL;
+static SPIPlanPtr FindArchivedKeyPlan = NULL;
+static SPIPlanPtr UndoInsertPlan = NULL;
+
+/*
+ * Inserts a flow row (as the extension owner; the caller is connected to
+ * SPI).  With an idempotency key the owner already used, inserts nothing
+ * and returns that flow's id with *is_new false.  Options is a JSON object
+ * with the optional settings (fairness_key, time_budget, baggage, ...).
+ * Used by dwarf.create in the caller's transaction, and by workers for
+ * dwarf.run, dwarf.subgraph, dwarf.fork and dwarf.continue.
+ */
+int64
+InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
+		   text *key, Jsonb *input, Jsonb *options, bool *is_new)
+{
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	int64		id;
+	SavedUser	saved = BecomeOwner();
+
+	if (InsertFlowPlan == NULL)
+	{
+		Oid			types[7] = {INT8OID, INT4OID, OIDOID, INT4OID, TEXTOID, JSONBOID, JSONBOID};
+		Oid			keytypes[2] = {OIDOID, TEXTOID};
+
+		InsertFlowPlan = PrepareKept(
+			"INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input,"
+			" fairness_key, fairness_weight, time_budget, delete_on_completion, baggage,"
+			" thread, start_task, parent_id, parent_key)"
+			" VALUES ($1, $2, $3::regrole, $4, $5, $6, $7->>'fairness_key',"
+			" coalesce(($7->>'fairness_weight')::int, 1), ($7->>'time_budget')::interval,"
+			" coalesce(($7->>'delete_on_completion')::boolean, false), $7->'baggage',"
+			" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key')"
+			" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+			" RETURNING id", 7, types);
+		FindKeyPlan = PrepareKept(
+			"SELECT id FROM dwarf.flow_all WHERE owner = $1::regrole AND idempotency_key = $2",
+			2, keytypes);
+		FindArchivedKeyPlan = PrepareKept(
+			"SELECT id FROM dwarf.flow_archive WHERE owner = $1::regrole AND idempotency_key = $2",
+			2, keytypes);
+		UndoInsertPlan = PrepareKept("DELETE FROM dwarf.flow WHERE id = $1", 1, types);
+	}
+
+	args[0] = Int64GetDatum(flow_id);
+	args[1] = Int32GetDatum(graph_id);
+	args[2] = ObjectIdGetDatum(owner);
+	args[3] = Int32GetDatum(priority);
+	if (key)
+		args[4] = PointerGetDatum(key);
+	else
+		nulls[4] = 'n';
+	args[5] = JsonbPGetDatum(input);
+	args[6] = JsonbPGetDatum(options ? options : JsonbEmptyObject());
+
+	if (SPI_execute_plan(InsertFlowPlan, args, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "dwarf: could not insert a flow");
+	*is_new = SPI_processed == 1;
+	id = flow_id;
+
+	/*
+	 * The key may belong to a flow dwarf.maintain has archived: then that
+	 * flow is the answer, and the row just inserted goes.  Looked up after
+	 * the insert, whose conflict check waited for any move in progress, so
+	 * that a flow moving meanwhile is seen here.
+	 */
+	if (*is_new && key)
+	{
+		Datum		keyargs[2] = {args[2], args[4]};
+
+		if (SPI_execute_plan(FindArchivedKeyPlan, keyargs, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not look up idempotency key \"%s\"", text_to_cstring(key));
+		if (SPI_processed == 1)
+		{
+			id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+			if (SPI_execute_plan(UndoInsertPlan, args, NULL, false, 0) != SPI_OK_DELETE)
+				elog(ERROR, "dwarf: could not undo the insert of flow " INT64_FORMAT, flow_id);
+			*is_new = false;
+		}
+	}
+	else if (!*is_new)
+	{
+		Datum		keyargs[2] = {args[2], args[4]};
+
+		if (SPI_execute_plan(FindKeyPlan, keyargs, NULL, false, 1) != SPI_OK_SELECT ||
+			SPI_processed != 1)
+			elog(ERROR, "dwarf: the flow with idempotency key \"%s\" vanished",
+				 text_to_cstring(key));
+		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	RestoreUser(saved);
+	return id;
+}
+
+/* ---------- arguments ---------- */
+
+void
+CheckNotNull(FunctionCallInfo fcinfo, int arg, const char *name)
+{
+	if (PG_ARGISNULL(arg))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name)));
+}
+
+/*
+ * Microseconds in an interval argument (months count as 30 days).  With
+ * what, a negative interval is an error naming that argument.
+ */
+int64
+IntervalMicros(Interval *span, const char *what)
+{
+	int64		days = (int64) span->month * DAYS_PER_MONTH + span->day;
+	int64		us;
+
+	/* Past the limit, a wake time or deadline would overflow a timestamp. */
+	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &us) ||
+		pg_add_s64_overflow(us, span->time, &us) ||
+		us > DWARF_MAX_INTERVAL || us < -DWARF_MAX_INTERVAL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERVAL_FIELD_OVERFLOW),
+				 errmsg("%s is out of range", what ? what : "interval"),
+				 errhint("dwarf takes intervals of at most 100 years.")));
+	if (what && us < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be negative", what)));
+	return us;
+}
