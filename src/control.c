@@ -1,8 +1,10 @@
 /*
  * control.c
- *		Functions a task calls from inside its step: dwarf.goto,
- *		dwarf.step_key, dwarf.flow_id.  They act on the step the worker is
- *		running, so anywhere else they raise an error.
+ *		The functions a task calls from inside its step: dwarf.goto, retry,
+ *		sleep, interrupt, subgraph, step_key, baggage and flow_id.  They act
+ *		on the step the worker is running (DwarfCurrentStep), recording what
+ *		the task asked for, which the worker applies when the task returns;
+ *		anywhere else they raise an error.
  */
 #include "postgres.h"
 

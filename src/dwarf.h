@@ -413,6 +413,20 @@ extern void FlowRunFree(FlowRun *flow);
 extern Jsonb *FlowStateSoFar(FlowRun *flow);
 
 /* store.c: the step rows replay reads, and one row's replay. */
+/* The columns of STEP_ROWS_SQL and STEP_ROWS_ALL_SQL, from 1 as SPI counts. */
+enum
+{
+	Anum_steprow_token = 1,
+	Anum_steprow_task,
+	Anum_steprow_status,
+	Anum_steprow_changes,
+	Anum_steprow_goto_task,
+	Anum_steprow_error,
+	Anum_steprow_wake_at,
+	Anum_steprow_attempt,
+	Anum_steprow_started_at,
+	Anum_steprow_signal
+};
 #define STEP_ROWS_SQL \
 	"SELECT token, task, status, changes, goto_task, error, wake_at, attempt," \
 	" started_at, signal FROM dwarf.step WHERE flow_id = $1"

@@ -57,6 +57,23 @@ static HTAB *Graphs = NULL;		/* compiled graph versions by id */
 static SPIPlanPtr CloseFlowPlan = NULL;
 
 /* A flow's row as AddFlow reads it, for the flows the condition picks. */
+enum
+{
+	Anum_loadflow_id = 1,
+	Anum_loadflow_graph_id,
+	Anum_loadflow_owner,
+	Anum_loadflow_priority,
+	Anum_loadflow_input,
+	Anum_loadflow_resume_data,
+	Anum_loadflow_baggage,
+	Anum_loadflow_fairness_key,
+	Anum_loadflow_fairness_weight,
+	Anum_loadflow_time_budget_ms,
+	Anum_loadflow_delete_on_completion,
+	Anum_loadflow_start_task,
+	Anum_loadflow_parent_id,
+	Anum_loadflow_orphan
+};
 #define LOAD_FLOWS_SQL(condition) \
 	"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage," \
 	" fairness_key, fairness_weight," \
@@ -234,9 +251,9 @@ bool
 ReplayStepRow(FlowRun *flow, HeapTuple tup, TupleDesc desc)
 {
 	bool		isnull;
-	int			token_id = DatumGetInt32(SPI_getbinval(tup, desc, 1, &isnull));
-	char	   *status = SPI_getvalue(tup, desc, 3);
-	char	   *goto_task = SPI_getvalue(tup, desc, 5);
+	int			token_id = DatumGetInt32(SPI_getbinval(tup, desc, Anum_steprow_token, &isnull));
+	char	   *status = SPI_getvalue(tup, desc, Anum_steprow_status);
+	char	   *goto_task = SPI_getvalue(tup, desc, Anum_steprow_goto_task);
 	Token	   *token = FlowFindToken(flow, token_id);
 	StepOutcome outcome = {0};
 	Datum		d;
@@ -253,17 +270,17 @@ ReplayStepRow(FlowRun *flow, HeapTuple tup, TupleDesc desc)
 		strcmp(status, "interrupted") == 0 ? OUTCOME_INTERRUPT :
 		strcmp(status, "resumed") == 0 ? OUTCOME_RESUMED :
 		strcmp(status, "waiting") == 0 ? OUTCOME_WAITING : OUTCOME_ERROR;
-	d = SPI_getbinval(tup, desc, 10, &isnull);
+	d = SPI_getbinval(tup, desc, Anum_steprow_signal, &isnull);
 	outcome.signal = isnull ? NULL : DatumGetJsonbP(d);
 	outcome.goto_node = goto_task ? GraphNodeByName(flow->graph, goto_task) : -1;
-	d = SPI_getbinval(tup, desc, 4, &isnull);
+	d = SPI_getbinval(tup, desc, Anum_steprow_changes, &isnull);
 	outcome.changes = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
-	d = SPI_getbinval(tup, desc, 6, &isnull);
+	d = SPI_getbinval(tup, desc, Anum_steprow_error, &isnull);
 	outcome.error = isnull ? JsonbEmptyObject() : DatumGetJsonbP(d);
-	d = SPI_getbinval(tup, desc, 7, &isnull);
+	d = SPI_getbinval(tup, desc, Anum_steprow_wake_at, &isnull);
 	outcome.wake_at = isnull ? 0 : DatumGetTimestampTz(d);
-	if (DatumGetInt32(SPI_getbinval(tup, desc, 8, &isnull)) == 1)
-		token->first_started = DatumGetTimestampTz(SPI_getbinval(tup, desc, 9, &isnull));
+	if (DatumGetInt32(SPI_getbinval(tup, desc, Anum_steprow_attempt, &isnull)) == 1)
+		token->first_started = DatumGetTimestampTz(SPI_getbinval(tup, desc, Anum_steprow_started_at, &isnull));
 	FlowAdvance(flow, token, &outcome);
 	return true;
 }
@@ -390,8 +407,8 @@ static FlowRun *
 AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 {
 	bool		isnull;
-	int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-	int32		graph_id = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+	int64		id = DatumGetInt64(SPI_getbinval(tup, desc, Anum_loadflow_id, &isnull));
+	int32		graph_id = DatumGetInt32(SPI_getbinval(tup, desc, Anum_loadflow_graph_id, &isnull));
 	Graph	   *graph = GetGraph(graph_id);
 	bool		found;
 	FlowRun    *flow;
@@ -402,7 +419,7 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	 * A child whose parent was cancelled (or deleted) before the child was
 	 * committed missed the cancel's cascade: it goes the same way now.
 	 */
-	if (DatumGetBool(SPI_getbinval(tup, desc, 14, &isnull)))
+	if (DatumGetBool(SPI_getbinval(tup, desc, Anum_loadflow_orphan, &isnull)))
 	{
 		Datum		arg = Int64GetDatum(id);
 
@@ -427,20 +444,20 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	flow = hash_search(Flows, &id, HASH_ENTER, &found);
 	if (found)
 		return flow;
-	FlowRunCreate(flow, graph, GraphStartNode(graph, SPI_getvalue(tup, desc, 12)),
-				  DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)), WorkerContext);
-	flow->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
-	flow->priority = DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull));
+	FlowRunCreate(flow, graph, GraphStartNode(graph, SPI_getvalue(tup, desc, Anum_loadflow_start_task)),
+				  DatumGetJsonbP(SPI_getbinval(tup, desc, Anum_loadflow_input, &isnull)), WorkerContext);
+	flow->owner = DatumGetObjectId(SPI_getbinval(tup, desc, Anum_loadflow_owner, &isnull));
+	flow->priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_loadflow_priority, &isnull));
 	old = MemoryContextSwitchTo(flow->cxt);
-	d = SPI_getbinval(tup, desc, 7, &isnull);
+	d = SPI_getbinval(tup, desc, Anum_loadflow_baggage, &isnull);
 	flow->baggage = isnull ? NULL : (Jsonb *) PG_DETOAST_DATUM_COPY(d);
-	flow->fairness_key = SPI_getvalue(tup, desc, 8);
+	flow->fairness_key = SPI_getvalue(tup, desc, Anum_loadflow_fairness_key);
 	MemoryContextSwitchTo(old);
-	flow->fairness_weight = DatumGetInt32(SPI_getbinval(tup, desc, 9, &isnull));
-	d = SPI_getbinval(tup, desc, 10, &isnull);
+	flow->fairness_weight = DatumGetInt32(SPI_getbinval(tup, desc, Anum_loadflow_fairness_weight, &isnull));
+	d = SPI_getbinval(tup, desc, Anum_loadflow_time_budget_ms, &isnull);
 	flow->time_budget_ms = isnull ? 0 : DatumGetInt64(d);
-	flow->delete_on_completion = DatumGetBool(SPI_getbinval(tup, desc, 11, &isnull));
-	d = SPI_getbinval(tup, desc, 13, &isnull);
+	flow->delete_on_completion = DatumGetBool(SPI_getbinval(tup, desc, Anum_loadflow_delete_on_completion, &isnull));
+	d = SPI_getbinval(tup, desc, Anum_loadflow_parent_id, &isnull);
 	flow->parent_id = isnull ? 0 : DatumGetInt64(d);
 	if (replay)
 	{
@@ -492,7 +509,7 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 		flow = AddFlow(tup, desc, any_replay);
 		if (flow == NULL)
 		{
-			failed[(*nfailed)++] = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+			failed[(*nfailed)++] = DatumGetInt64(SPI_getbinval(tup, desc, Anum_loadflow_id, &isnull));
 			continue;
 		}
 		/*
@@ -501,7 +518,7 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 		 */
 		if (IsRunner)
 			continue;
-		d = SPI_getbinval(tup, desc, 6, &isnull);
+		d = SPI_getbinval(tup, desc, Anum_loadflow_resume_data, &isnull);
 		if (!isnull)
 			ApplyResume(flow, DatumGetJsonbP(d));
 		if (flow->status != FLOW_RUNNING)
