@@ -119,7 +119,7 @@ void
 CrashesInitWorker(void)
 {
 	Oid			db = MyDatabaseId;
-	int			index = MySlot->index;
+	int			index = Worker.slot->index;
 	int			i;
 
 	pqsignal(SIGQUIT, CrashesQuit);
@@ -156,7 +156,7 @@ CrashesInitWorker(void)
 			Blame(&Crashes->runners[i]);
 			Crashes->runners[i].dboid = InvalidOid;
 		}
-	MyInflight = &Crashes->workers[MySlot - Dwarf->workers];
+	MyInflight = &Crashes->workers[Worker.slot - Dwarf->workers];
 	MyInflight->flow_id = 0;
 	MyInflight->dboid = db;
 	MyInflight->worker = index;
@@ -172,7 +172,7 @@ CrashesInitRunner(int runner)
 	MyInflight = &Crashes->runners[runner];
 	MyInflight->flow_id = 0;
 	MyInflight->dboid = MyDatabaseId;
-	MyInflight->worker = MySlot->index;
+	MyInflight->worker = Worker.slot->index;
 }
 
 /* This process starts running a step (flow_id 0: it ran them all). */

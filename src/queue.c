@@ -25,7 +25,6 @@ typedef struct FairKey
 	double		pass;
 } FairKey;
 
-int64		ReadyCount = 0;		/* entries on the ready queue */
 
 static pairingheap *Ready = NULL;
 static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
@@ -53,7 +52,7 @@ MakeReady(ReadyEntry *entry)
 	entry->fair->pass = Max(entry->fair->pass, VirtualTime) + 1.0 / entry->weight;
 	entry->vtime = entry->fair->pass;
 	pairingheap_add(Ready, &entry->ph);
-	ReadyCount++;
+	Worker.ready_count++;
 }
 
 static FairKey *
@@ -84,7 +83,7 @@ TimerCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
 ReadyEntry *
 NewReadyEntry(FlowRun *flow, Token *token)
 {
-	ReadyEntry *entry = MemoryContextAllocZero(WorkerContext, sizeof(ReadyEntry));
+	ReadyEntry *entry = MemoryContextAllocZero(Worker.context, sizeof(ReadyEntry));
 
 	entry->flow_id = flow->id;
 	entry->token_id = token->id;
@@ -163,7 +162,7 @@ NextOtherWorker(int *i)
 	{
 		DwarfWorkerSlot *slot = &Dwarf->workers[*i];
 
-		if (slot != MySlot && slot->dboid == MySlot->dboid && slot->latch)
+		if (slot != Worker.slot && slot->dboid == Worker.slot->dboid && slot->latch)
 		{
 			(*i)++;
 			return slot;
@@ -181,11 +180,11 @@ void
 PublishPriority(void)
 {
 	int32		best = BestReadyPriority();
-	int32		old = MySlot->best_priority;
+	int32		old = Worker.slot->best_priority;
 	DwarfWorkerSlot *slot;
 	int			i = 0;
 
-	MySlot->best_priority = best;
+	Worker.slot->best_priority = best;
 	if (best <= old)
 		return;
 	while ((slot = NextOtherWorker(&i)) != NULL)
@@ -236,7 +235,7 @@ SetRunningPriority(List *batch)
 
 	foreach(lc, batch)
 		best = Min(best, ((ReadyEntry *) lfirst(lc))->priority);
-	MySlot->running_priority = best;
+	Worker.slot->running_priority = best;
 }
 
 /*
@@ -246,11 +245,11 @@ SetRunningPriority(List *batch)
 void
 ClearRunningPriority(void)
 {
-	int32		was = MySlot->running_priority;
+	int32		was = Worker.slot->running_priority;
 	DwarfWorkerSlot *slot;
 	int			i = 0;
 
-	MySlot->running_priority = PG_INT32_MAX;
+	Worker.slot->running_priority = PG_INT32_MAX;
 	while ((slot = NextOtherWorker(&i)) != NULL)
 		if (slot->best_priority > was && slot->best_priority != PG_INT32_MAX)
 			SetLatch(slot->latch);
@@ -268,10 +267,10 @@ PopBatch(int max)
 	{
 		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
 												  pairingheap_remove_first(Ready));
-		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 
-		ReadyCount--;
+		Worker.ready_count--;
 		VirtualTime = entry->vtime;
 		if (token && token->queued && flow->status == FLOW_RUNNING)
 		{
@@ -292,12 +291,12 @@ MakeFairKeys(void)
 
 	ctl.keysize = NAMEDATALEN;
 	ctl.entrysize = sizeof(FairKey);
-	ctl.hcxt = WorkerContext;
+	ctl.hcxt = Worker.context;
 	FairKeys = hash_create("dwarf fairness keys", 64, &ctl,
 						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 }
 
-/* Sets up the queue, in WorkerContext; once, when the worker starts. */
+/* Sets up the queue, in Worker.context; once, when the worker starts. */
 void
 QueueInit(void)
 {

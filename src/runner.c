@@ -168,7 +168,7 @@ StartRunner(Lent *lent)
 	}
 	slot->in_use = true;
 	slot->dboid = MyDatabaseId;
-	slot->worker = MySlot - Dwarf->workers;
+	slot->worker = Worker.slot - Dwarf->workers;
 	slot->flow_id = lent->flow_id;
 	slot->token_id = lent->token_id;
 	slot->lent_at = GetCurrentTimestamp();
@@ -211,7 +211,7 @@ RunnerWants(FlowRun *flow, Token *token)
 	GraphNode  *node = &flow->graph->nodes[token->node];
 	int			crashes = CrashesOf(flow->id, token->id);
 
-	return !IsRunner && MaxRunners() > 0 && OidIsValid(node->fn) &&
+	return !Worker.is_runner && MaxRunners() > 0 && OidIsValid(node->fn) &&
 		crashes < dwarf_step_crashes && (crashes > 0 || TaskIsSlow(node));
 }
 
@@ -297,7 +297,7 @@ RunnerPoll(void)
 
 		if (lent->runner < 0)
 		{
-			FlowRun    *flow = hash_search(Flows, &lent->flow_id, HASH_FIND, NULL);
+			FlowRun    *flow = hash_search(Worker.flows, &lent->flow_id, HASH_FIND, NULL);
 			Token	   *token = flow ? FlowFindToken(flow, lent->token_id) : NULL;
 
 			/* Quick again (a runner said so), or gone: the worker takes it back. */
@@ -326,7 +326,7 @@ RunnerPoll(void)
 		 */
 		ResetSequenceCaches();
 		{
-			FlowRun    *flow = hash_search(Flows, &lent->flow_id, HASH_FIND, NULL);
+			FlowRun    *flow = hash_search(Worker.flows, &lent->flow_id, HASH_FIND, NULL);
 
 			if (flow)
 				DropFlow(flow);
@@ -360,7 +360,7 @@ RunnerAdopt(void)
 
 		SpinLockAcquire(&Dwarf->mutex);
 		if (!slot->in_use || slot->dboid != MyDatabaseId ||
-			slot->worker != MySlot - Dwarf->workers)
+			slot->worker != Worker.slot - Dwarf->workers)
 		{
 			SpinLockRelease(&Dwarf->mutex);
 			continue;
@@ -398,15 +398,15 @@ DwarfRunnerMain(Datum arg)
 	BackgroundWorkerInitializeConnectionByOid(slot->dboid, InvalidOid, 0);
 	pgstat_report_appname("dwarf runner");
 
-	IsRunner = true;
-	MySlot = &Dwarf->workers[slot->worker];
+	Worker.is_runner = true;
+	Worker.slot = &Dwarf->workers[slot->worker];
 	WorkerInit();
 	CrashesInitRunner(DatumGetInt32(arg));
-	FullScan = false;
+	Worker.full_scan = false;
 	NoteLoad(slot->flow_id, true);
 	LoadFlows();
 
-	flow = hash_search(Flows, &slot->flow_id, HASH_FIND, NULL);
+	flow = hash_search(Worker.flows, &slot->flow_id, HASH_FIND, NULL);
 	token = flow ? FlowFindToken(flow, slot->token_id) : NULL;
 	if (token && flow->status == FLOW_RUNNING && !token->parked)
 	{
@@ -416,7 +416,7 @@ DwarfRunnerMain(Datum arg)
 		entry->token_id = token->id;
 		token->queued = false;
 		token->running = true;
-		MemoryContextSwitchTo(BatchContext);
+		MemoryContextSwitchTo(Worker.batch_context);
 		RunEntries(list_make1(entry), true, true);
 		while (RunAloneStep())	/* it met a lock conflict: again */
 			;
@@ -425,7 +425,7 @@ DwarfRunnerMain(Datum arg)
 	SpinLockAcquire(&slot->mutex);
 	slot->done = true;
 	SpinLockRelease(&slot->mutex);
-	latch = MySlot->latch;
+	latch = Worker.slot->latch;
 	if (latch)
 		SetLatch(latch);
 	proc_exit(0);

@@ -315,7 +315,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 				result = STEP_BROKEN;
 			else
 				FlowAdvance(flow, token, &outcome);
-			pg_atomic_fetch_add_u64(&MySlot->steps_failed, 1);
+			pg_atomic_fetch_add_u64(&Worker.slot->steps_failed, 1);
 		}
 	}
 	PG_END_TRY();

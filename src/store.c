@@ -190,7 +190,7 @@ GetGraph(int graph_id)
 	def = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	PG_TRY();
 	{
-		entry->graph = GraphParse(DatumGetJsonbP(def), WorkerContext, false);
+		entry->graph = GraphParse(DatumGetJsonbP(def), Worker.context, false);
 	}
 	PG_CATCH();
 	{
@@ -227,18 +227,18 @@ DropFlow(FlowRun *flow)
 	int64		id = flow->id;
 
 	FlowRunFree(flow);
-	hash_search(Flows, &id, HASH_REMOVE, NULL);
+	hash_search(Worker.flows, &id, HASH_REMOVE, NULL);
 }
 
 void
 NoteLoad(int64 flow_id, bool replay)
 {
-	MemoryContext old = MemoryContextSwitchTo(WorkerContext);
+	MemoryContext old = MemoryContextSwitchTo(Worker.context);
 	LoadItem   *item = palloc(sizeof(LoadItem));
 
 	item->flow_id = flow_id;
 	item->replay = replay;
-	ToLoad = lappend(ToLoad, item);
+	Worker.to_load = lappend(Worker.to_load, item);
 	MemoryContextSwitchTo(old);
 }
 
@@ -441,11 +441,11 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 			elog(ERROR, "dwarf: could not fail flow " INT64_FORMAT, id);
 		return NULL;
 	}
-	flow = hash_search(Flows, &id, HASH_ENTER, &found);
+	flow = hash_search(Worker.flows, &id, HASH_ENTER, &found);
 	if (found)
 		return flow;
 	FlowRunCreate(flow, graph, GraphStartNode(graph, SPI_getvalue(tup, desc, Anum_loadflow_start_task)),
-				  DatumGetJsonbP(SPI_getbinval(tup, desc, Anum_loadflow_input, &isnull)), WorkerContext);
+				  DatumGetJsonbP(SPI_getbinval(tup, desc, Anum_loadflow_input, &isnull)), Worker.context);
 	flow->owner = DatumGetObjectId(SPI_getbinval(tup, desc, Anum_loadflow_owner, &isnull));
 	flow->priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_loadflow_priority, &isnull));
 	old = MemoryContextSwitchTo(flow->cxt);
@@ -482,7 +482,7 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 			}
 		}
 	}
-	pg_atomic_fetch_add_u64(&MySlot->flows_loaded, 1);
+	pg_atomic_fetch_add_u64(&Worker.slot->flows_loaded, 1);
 	return flow;
 }
 
@@ -516,7 +516,7 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 		 * A runner reads the flow only to run its one step: resumes and
 		 * closes found on the way are the owning worker's to write.
 		 */
-		if (IsRunner)
+		if (Worker.is_runner)
 			continue;
 		d = SPI_getbinval(tup, desc, Anum_loadflow_resume_data, &isnull);
 		if (!isnull)
@@ -533,7 +533,7 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 	}
 }
 
-/* Loads the flows listed in ToLoad (and all of ours after a full scan). */
+/* Loads the flows listed in Worker.to_load (and all of ours after a full scan). */
 void
 LoadFlows(void)
 {
@@ -554,12 +554,12 @@ LoadFlows(void)
 	pgstat_report_activity(STATE_RUNNING, "dwarf: loading flows");
 	PreparePlans();
 
-	if (FullScan)
+	if (Worker.full_scan)
 	{
-		Datum		args[2] = {Int32GetDatum(dwarf_workers), Int32GetDatum(MySlot->index)};
+		Datum		args[2] = {Int32GetDatum(dwarf_workers), Int32GetDatum(Worker.slot->index)};
 		uint64		i;
 
-		FullScan = false;
+		Worker.full_scan = false;
 		if (SPI_execute_plan(ScanFlowsPlan, args, NULL, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "dwarf: could not scan dwarf.flow");
 		for (i = 0; i < SPI_processed; i++)
@@ -568,21 +568,21 @@ LoadFlows(void)
 			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
 														 SPI_tuptable->tupdesc, 1, &isnull));
 
-			if (hash_search(Flows, &id, HASH_FIND, NULL) == NULL)
+			if (hash_search(Worker.flows, &id, HASH_FIND, NULL) == NULL)
 				NoteLoad(id, true);
 		}
 	}
 
-	/* Taken only now: the scan above adds to ToLoad (in WorkerContext). */
-	items = ToLoad;
-	ToLoad = NIL;
+	/* Taken only now: the scan above adds to Worker.to_load (in Worker.context). */
+	items = Worker.to_load;
+	Worker.to_load = NIL;
 
 	ids = palloc(sizeof(Datum) * Max(list_length(items), 1));
 	foreach(lc, items)
 	{
 		LoadItem   *item = lfirst(lc);
 
-		if (hash_search(Flows, &item->flow_id, HASH_FIND, NULL) != NULL)
+		if (hash_search(Worker.flows, &item->flow_id, HASH_FIND, NULL) != NULL)
 			continue;
 		ids[n++] = Int64GetDatum(item->flow_id);
 		any_replay |= item->replay;
@@ -628,7 +628,7 @@ LoadFlows(void)
 	foreach(lc, items)
 	{
 		LoadItem   *item = lfirst(lc);
-		FlowRun    *flow = hash_search(Flows, &item->flow_id, HASH_FIND, NULL);
+		FlowRun    *flow = hash_search(Worker.flows, &item->flow_id, HASH_FIND, NULL);
 
 		if (flow)
 			EnqueueRunnable(flow);
@@ -721,7 +721,7 @@ StoreInit(void)
 
 	ctl.keysize = sizeof(int);
 	ctl.entrysize = sizeof(GraphEntry);
-	ctl.hcxt = WorkerContext;
+	ctl.hcxt = Worker.context;
 	Graphs = hash_create("dwarf graphs", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	CacheRegisterSyscacheCallback(PROCOID, CallsInvalidated, (Datum) 0);
 	CacheRegisterSyscacheCallback(AUTHOID, CallsInvalidated, (Datum) 0);

@@ -57,13 +57,8 @@
 #include "flows.h"
 #include "worker.h"
 
-DwarfWorkerSlot *MySlot = NULL;
-bool		IsRunner = false;	/* this process is a runner (runner.c) */
-MemoryContext WorkerContext;	/* flows, graphs, queue entries */
-MemoryContext BatchContext;		/* reset after each loop */
-HTAB	   *Flows = NULL;			/* FlowRun by id */
-List	   *ToLoad = NIL;			/* LoadItems */
-bool		FullScan = true;		/* load every running flow of ours */
+/* This process's state as a worker (or runner): see worker.h. */
+WorkerState Worker = {.full_scan = true};
 
 static bool IsolateNext = false;
 static List *Alone = NIL;		/* ReadyEntries to run one per transaction */
@@ -77,7 +72,7 @@ typedef struct Created
 	bool		is_new;
 } Created;
 
-static List *Unanswered = NIL;	/* created, to answer once flushed (WorkerContext) */
+static List *Unanswered = NIL;	/* created, to answer once flushed (Worker.context) */
 static XLogRecPtr CreatedEnd = InvalidXLogRecPtr;	/* the creates' commit */
 
 static void
@@ -158,7 +153,7 @@ ProcessRunRequests(List *procnos)
 			if (handle != DSM_HANDLE_INVALID && (seg = dsm_attach(handle)) == NULL)
 				continue;		/* the caller gave up */
 
-			c = MemoryContextAllocZero(WorkerContext, sizeof(Created));
+			c = MemoryContextAllocZero(Worker.context, sizeof(Created));
 			c->procno = procno;
 			{
 				MemoryContext old = MemoryContextSwitchTo(cxt);
@@ -217,7 +212,7 @@ ProcessRunRequests(List *procnos)
 
 		if (c->is_new)
 			NoteLoad(c->flow_id, false);
-		old = MemoryContextSwitchTo(WorkerContext);
+		old = MemoryContextSwitchTo(Worker.context);
 		Unanswered = lappend(Unanswered, c);
 		MemoryContextSwitchTo(old);
 	}
@@ -262,27 +257,27 @@ ChangedSince(uint32 *seen, int64 flow_id)
 
 	if (*seen == 0xFFFFFFFF)	/* a new batch: forget the last one's */
 	{
-		SpinLockAcquire(&MySlot->mutex);
-		*seen = MySlot->tail;
-		SpinLockRelease(&MySlot->mutex);
+		SpinLockAcquire(&Worker.slot->mutex);
+		*seen = Worker.slot->tail;
+		SpinLockRelease(&Worker.slot->mutex);
 		nchanged = 0;
 		return false;
 	}
-	if (MySlot->tail != *seen)	/* unlocked peek; read again under the lock */
+	if (Worker.slot->tail != *seen)	/* unlocked peek; read again under the lock */
 	{
 		if (changed == NULL)
 			changed = MemoryContextAlloc(TopMemoryContext, sizeof(int64) * DWARF_RING_SIZE);
-		SpinLockAcquire(&MySlot->mutex);
-		if (MySlot->tail - *seen > DWARF_RING_SIZE)
-			*seen = MySlot->tail - DWARF_RING_SIZE;
-		for (; *seen != MySlot->tail && nchanged < DWARF_RING_SIZE; (*seen)++)
+		SpinLockAcquire(&Worker.slot->mutex);
+		if (Worker.slot->tail - *seen > DWARF_RING_SIZE)
+			*seen = Worker.slot->tail - DWARF_RING_SIZE;
+		for (; *seen != Worker.slot->tail && nchanged < DWARF_RING_SIZE; (*seen)++)
 		{
-			DwarfNote  *note = &MySlot->ring[*seen % DWARF_RING_SIZE];
+			DwarfNote  *note = &Worker.slot->ring[*seen % DWARF_RING_SIZE];
 
 			if (note->kind == NOTE_RELOAD_FLOW)
 				changed[nchanged++] = note->flow_id;
 		}
-		SpinLockRelease(&MySlot->mutex);
+		SpinLockRelease(&Worker.slot->mutex);
 	}
 	for (i = 0; i < nchanged; i++)
 		if (changed[i] == flow_id)
@@ -344,7 +339,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 {
 	List	   *volatile batch = entries;	/* grows as steps chain */
 	List	   *volatile broken = NIL;	/* entries whose flow must be
-										 * reloaded, in BatchContext */
+										 * reloaded, in Worker.batch_context */
 	volatile int ran = 0;
 	int64	   *parked;			/* flows interrupted in this batch */
 	int			nparked = 0;
@@ -365,7 +360,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 	PreparePlans();
 	(void) ChangedSince(&seen, 0);
 	deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
-	if (!IsRunner)
+	if (!Worker.is_runner)
 		SetRunningPriority(batch);
 
 	/*
@@ -382,7 +377,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 		foreach(lc, batch)
 		{
 			ReadyEntry *entry = lfirst(lc);
-			FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+			FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 			Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 			StepResult	result;
 
@@ -399,7 +394,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 			token = FlowFindToken(flow, entry->token_id);
 			if (result == STEP_CONTENDED)
 			{
-				MemoryContext old = MemoryContextSwitchTo(WorkerContext);
+				MemoryContext old = MemoryContextSwitchTo(Worker.context);
 				ReadyEntry *copy = palloc(sizeof(ReadyEntry));
 
 				memcpy(copy, entry, sizeof(ReadyEntry));
@@ -413,7 +408,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 				token->running = false;
 			if (result == STEP_BROKEN)
 			{
-				MemoryContext old = MemoryContextSwitchTo(BatchContext);
+				MemoryContext old = MemoryContextSwitchTo(Worker.batch_context);
 
 				broken = lappend(broken, entry);
 				MemoryContextSwitchTo(old);
@@ -444,9 +439,9 @@ RunEntries(List *entries, bool isolated, bool alone)
 		ErrorData  *edata;
 
 		CrashesNoteStep(0, 0);
-		if (!IsRunner)
+		if (!Worker.is_runner)
 			ClearRunningPriority();
-		MemoryContextSwitchTo(BatchContext);
+		MemoryContextSwitchTo(Worker.batch_context);
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
@@ -459,13 +454,13 @@ RunEntries(List *entries, bool isolated, bool alone)
 		ereport(LOG,
 				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
 						list_length(batch), edata->message)));
-		pg_atomic_fetch_add_u64(&MySlot->aborted_batches, 1);
+		pg_atomic_fetch_add_u64(&Worker.slot->aborted_batches, 1);
 
 		/* The tables are the truth: reload every flow the batch touched. */
 		foreach(lc, batch)
 		{
 			ReadyEntry *entry = lfirst(lc);
-			FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+			FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 
 			if (flow)
 			{
@@ -480,23 +475,23 @@ RunEntries(List *entries, bool isolated, bool alone)
 		return;
 	}
 	PG_END_TRY();
-	MemoryContextSwitchTo(BatchContext);	/* the commit left us in TopMemoryContext */
+	MemoryContextSwitchTo(Worker.batch_context);	/* the commit left us in TopMemoryContext */
 	pgstat_report_activity(STATE_IDLE, NULL);
-	if (!IsRunner)
+	if (!Worker.is_runner)
 		ClearRunningPriority();
 
 	closed = palloc(sizeof(int64) * list_length(batch));
 	foreach(lc, batch)
 	{
 		ReadyEntry *entry = lfirst(lc);
-		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 
 		if (flow == NULL)
 			continue;			/* closed above, or broken */
 		if (flow->status != FLOW_RUNNING)
 		{
 			closed[nclosed++] = flow->id;
-			pg_atomic_fetch_add_u64(&MySlot->flows_closed, 1);
+			pg_atomic_fetch_add_u64(&Worker.slot->flows_closed, 1);
 			DropFlow(flow);
 		}
 		else
@@ -504,11 +499,11 @@ RunEntries(List *entries, bool isolated, bool alone)
 	}
 	foreach(lc, broken)
 		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
-	pg_atomic_fetch_add_u64(&MySlot->steps, ran);
+	pg_atomic_fetch_add_u64(&Worker.slot->steps, ran);
 	DwarfWakeWaiters(closed, nclosed);
 	DwarfWakeWaiters(parked, nparked);
 	pgstat_report_stat(false);	/* WAL and commit counters, at most once a second */
-	pg_atomic_fetch_add_u64(&MySlot->batches, 1);
+	pg_atomic_fetch_add_u64(&Worker.slot->batches, 1);
 	list_free_deep(batch);
 }
 
@@ -524,7 +519,7 @@ LendSlowSteps(List *batch)
 	foreach(lc, batch)
 	{
 		ReadyEntry *entry = lfirst(lc);
-		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 		ListCell   *other;
 		bool		alone = true;
@@ -553,7 +548,7 @@ RunAloneStep(void)
 	while (Alone != NIL)
 	{
 		ReadyEntry *entry = linitial(Alone);
-		FlowRun    *flow = hash_search(Flows, &entry->flow_id, HASH_FIND, NULL);
+		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 
 		Alone = list_delete_first(Alone);
@@ -605,16 +600,16 @@ DrainNotes(List **requests)
 
 	do
 	{
-		SpinLockAcquire(&MySlot->mutex);
+		SpinLockAcquire(&Worker.slot->mutex);
 		n = 0;
-		while (MySlot->head != MySlot->tail && n < lengthof(notes))
-			notes[n++] = MySlot->ring[MySlot->head++ % DWARF_RING_SIZE];
-		if (MySlot->overflow)
+		while (Worker.slot->head != Worker.slot->tail && n < lengthof(notes))
+			notes[n++] = Worker.slot->ring[Worker.slot->head++ % DWARF_RING_SIZE];
+		if (Worker.slot->overflow)
 		{
-			MySlot->overflow = false;
-			FullScan = true;
+			Worker.slot->overflow = false;
+			Worker.full_scan = true;
 		}
-		SpinLockRelease(&MySlot->mutex);
+		SpinLockRelease(&Worker.slot->mutex);
 
 		for (i = 0; i < n; i++)
 		{
@@ -624,11 +619,11 @@ DrainNotes(List **requests)
 			switch ((DwarfNoteKind) notes[i].kind)
 			{
 				case NOTE_NEW_FLOW:
-					if (hash_search(Flows, &notes[i].flow_id, HASH_FIND, NULL) == NULL)
+					if (hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL) == NULL)
 						NoteLoad(notes[i].flow_id, false);
 					break;
 				case NOTE_RELOAD_FLOW:
-					flow = hash_search(Flows, &notes[i].flow_id, HASH_FIND, NULL);
+					flow = hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL);
 					if (flow)
 						DropFlow(flow);
 					NoteLoad(notes[i].flow_id, true);
@@ -639,7 +634,7 @@ DrainNotes(List **requests)
 			}
 		}
 	} while (n == lengthof(notes));
-	return any || FullScan;
+	return any || Worker.full_scan;
 }
 
 /*
@@ -662,7 +657,7 @@ ExitIfNotInstalled(void)
 		installed_as = extension;
 	if (!OidIsValid(extension) || extension != installed_as)
 	{
-		MySlot->no_extension = true;
+		Worker.slot->no_extension = true;
 		proc_exit(0);
 	}
 }
@@ -671,10 +666,10 @@ static void
 WorkerShutdown(int code, Datum arg)
 {
 	AnswerCreated();			/* their flows exist: say so, even as we go */
-	SpinLockAcquire(&MySlot->mutex);
-	MySlot->latch = NULL;
-	MySlot->pid = 0;
-	SpinLockRelease(&MySlot->mutex);
+	SpinLockAcquire(&Worker.slot->mutex);
+	Worker.slot->latch = NULL;
+	Worker.slot->pid = 0;
+	SpinLockRelease(&Worker.slot->mutex);
 }
 
 /*
@@ -687,14 +682,14 @@ WorkerInit(void)
 	HASHCTL		ctl;
 
 	PinSearchPath();
-	WorkerContext = AllocSetContextCreate(TopMemoryContext, "dwarf worker",
+	Worker.context = AllocSetContextCreate(TopMemoryContext, "dwarf worker",
 										  ALLOCSET_DEFAULT_SIZES);
-	BatchContext = AllocSetContextCreate(TopMemoryContext, "dwarf batch",
+	Worker.batch_context = AllocSetContextCreate(TopMemoryContext, "dwarf batch",
 										 ALLOCSET_DEFAULT_SIZES);
 	ctl.keysize = sizeof(int64);
 	ctl.entrysize = sizeof(FlowRun);
-	ctl.hcxt = WorkerContext;
-	Flows = hash_create("dwarf flows", 1024, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	ctl.hcxt = Worker.context;
+	Worker.flows = hash_create("dwarf flows", 1024, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	QueueInit();
 	StoreInit();
 }
@@ -706,13 +701,13 @@ WorkerInit(void)
 void
 DwarfWorkerMain(Datum arg)
 {
-	MySlot = &Dwarf->workers[DatumGetInt32(arg)];
+	Worker.slot = &Dwarf->workers[DatumGetInt32(arg)];
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
-	BackgroundWorkerInitializeConnectionByOid(MySlot->dboid, InvalidOid, 0);
-	pgstat_report_appname(psprintf("dwarf worker %d", MySlot->index));
+	BackgroundWorkerInitializeConnectionByOid(Worker.slot->dboid, InvalidOid, 0);
+	pgstat_report_appname(psprintf("dwarf worker %d", Worker.slot->index));
 
 	ExitIfNotInstalled();
 	WorkerInit();
@@ -720,12 +715,12 @@ DwarfWorkerMain(Datum arg)
 	RunnerAdopt();
 
 	before_shmem_exit(WorkerShutdown, (Datum) 0);
-	SpinLockAcquire(&MySlot->mutex);
-	MySlot->pid = MyProcPid;
-	MySlot->latch = MyLatch;
-	SpinLockRelease(&MySlot->mutex);
+	SpinLockAcquire(&Worker.slot->mutex);
+	Worker.slot->pid = MyProcPid;
+	Worker.slot->latch = MyLatch;
+	SpinLockRelease(&Worker.slot->mutex);
 
-	ereport(LOG, (errmsg("dwarf worker %d started", MySlot->index)));
+	ereport(LOG, (errmsg("dwarf worker %d started", Worker.slot->index)));
 
 	for (;;)
 	{
@@ -741,20 +736,20 @@ DwarfWorkerMain(Datum arg)
 			PinSearchPath();
 		}
 
-		MemoryContextSwitchTo(BatchContext);
+		MemoryContextSwitchTo(Worker.batch_context);
 		runner_timer = RunnerPoll();
 		(void) DrainNotes(&requests);
 		if (requests != NIL)
 			ProcessRunRequests(requests);
-		if (ToLoad != NIL || FullScan)
+		if (Worker.to_load != NIL || Worker.full_scan)
 			LoadFlows();
-		MemoryContextSwitchTo(BatchContext);	/* whatever a commit above left */
+		MemoryContextSwitchTo(Worker.batch_context);	/* whatever a commit above left */
 		(void) MoveDueTimers();
 		RunBatch();
 		AnswerCreated();
-		pg_atomic_write_u64(&MySlot->ready, ReadyCount);
+		pg_atomic_write_u64(&Worker.slot->ready, Worker.ready_count);
 		MemoryContextSwitchTo(TopMemoryContext);
-		MemoryContextReset(BatchContext);
+		MemoryContextReset(Worker.batch_context);
 
 		next_timer = MoveDueTimers();
 		PublishPriority();
@@ -764,8 +759,8 @@ DwarfWorkerMain(Datum arg)
 		 * the ring: a lock wait inside the transactions above may have
 		 * consumed the latch its sender set.
 		 */
-		if (ToLoad != NIL || Alone != NIL || MySlot->head != MySlot->tail ||
-			MySlot->overflow || QueueHasRunnable())
+		if (Worker.to_load != NIL || Alone != NIL || Worker.slot->head != Worker.slot->tail ||
+			Worker.slot->overflow || QueueHasRunnable())
 			continue;
 		if (QueueHasReady())
 			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
@@ -783,7 +778,7 @@ DwarfWorkerMain(Datum arg)
 						 (next_timer >= 0 ? WL_TIMEOUT : 0),
 						 next_timer, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
-		if (MySlot->head == MySlot->tail && !MySlot->overflow)
+		if (Worker.slot->head == Worker.slot->tail && !Worker.slot->overflow)
 			ExitIfNotInstalled();	/* woken by DROP EXTENSION, perhaps */
 	}
 }

@@ -41,15 +41,23 @@ typedef struct LoadItem
 	bool		replay;			/* it may have steps already */
 } LoadItem;
 
-/* worker.c */
-extern DwarfWorkerSlot *MySlot;
-extern MemoryContext WorkerContext;
-extern MemoryContext BatchContext;
-extern HTAB *Flows;
-extern List *ToLoad;
-extern bool FullScan;
+/*
+ * A worker's (or a runner's) own state, shared by worker.c, store.c,
+ * queue.c, step.c, runner.c and crashes.c; one per process.
+ */
+typedef struct WorkerState
+{
+	DwarfWorkerSlot *slot;		/* our slot in shared memory */
+	bool		is_runner;		/* this process is a runner (runner.c) */
+	MemoryContext context;		/* flows, graphs, queue entries */
+	MemoryContext batch_context;	/* reset after each loop */
+	HTAB	   *flows;			/* FlowRun by id */
+	List	   *to_load;		/* LoadItems */
+	bool		full_scan;		/* load every running flow of ours */
+	int64		ready_count;	/* entries on the ready queue (queue.c) */
+} WorkerState;
 
-extern bool IsRunner;
+extern WorkerState Worker;
 
 /* step.c */
 
@@ -92,7 +100,6 @@ extern void CrashesRunnerDied(int runner);
 extern int	CrashesOf(int64 flow_id, int token_id);
 
 /* queue.c */
-extern int64 ReadyCount;
 extern void QueueInit(void);
 extern void QueuePruneFairKeys(void);
 extern void EnqueueRunnable(FlowRun *flow);
