@@ -19,7 +19,8 @@ OBJS = \
 	src/ops.o \
 	src/control.o \
 	src/flows.o \
-	src/json.o
+	src/json.o \
+	src/archive.o
 
 # Two extensions: dwarf on each shard (or single server), dwarf_router on a
 # router database that sends calls to the shards with PL/Proxy (pure SQL).

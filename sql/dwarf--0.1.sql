@@ -151,12 +151,12 @@ CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS,
  * of flow ids is narrow, and an append costs no index WAL (a B-tree entry
  * per step would add a quarter to the move's WAL).  A lookup goes to one
  * day partition through the flow's row (see dwarf.flow_steps), and
- * dwarf.maintain summarizes the new pages after each pass.
+ * dwarf.archive_steps summarizes the pages it fills as it goes.
  */
 CREATE INDEX step_archive_flow ON dwarf.step_archive USING brin (flow_id)
-	WITH (pages_per_range = 4);
+	WITH (pages_per_range = 16);
 CREATE INDEX step_archive_step_id ON dwarf.step_archive USING brin (step_id)
-	WITH (pages_per_range = 4);
+	WITH (pages_per_range = 16);
 COMMENT ON TABLE dwarf.step_archive IS
 	'The steps of the flows in dwarf.flow_archive, in the partition of the day their flow closed; '
 	'read a flow''s steps with dwarf.flow_steps(flow_id), which goes to that day only';
@@ -195,7 +195,9 @@ GRANT SELECT ON dwarf.flow_all, dwarf.step_all TO PUBLIC;
 /*
  * A flow's steps, live or archived.  An archived flow's steps are read from
  * the one day partition its row names, through the block-range index: a
- * scan of dwarf.step_all by flow_id alone would look into every day.  The
+ * scan of dwarf.step_all by flow_id alone would look into every day.  It
+ * is a lookup of a few rows, whatever the statistics of a partition still
+ * filling up say: no sequential scan, no parallel plan, no JIT.  The
  * function's statements share its caller's snapshot, so a flow that
  * dwarf.maintain moves meanwhile is found in one place or the other.
  */
@@ -203,6 +205,8 @@ CREATE FUNCTION dwarf.flow_steps(flow_id bigint) RETURNS SETOF dwarf.step
 	LANGUAGE plpgsql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	SET enable_seqscan = off
+	SET max_parallel_workers_per_gather = 0
+	SET jit = off
 	AS $$
 DECLARE
 	closed timestamptz;
@@ -658,6 +662,14 @@ END
 $$;
 REVOKE ALL ON FUNCTION dwarf.make_archive_day(date) FROM PUBLIC;
 
+CREATE FUNCTION dwarf.archive_steps(flow_ids bigint[], closed timestamptz[]) RETURNS bigint
+	LANGUAGE c STRICT
+	AS 'MODULE_PATHNAME', 'dwarf_archive_steps';
+REVOKE ALL ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) IS
+	'For dwarf.maintain: moves the steps of flows it archived (closed[i]: when flow_ids[i] closed) '
+	'into the day partitions of dwarf.step_archive, sorted by flow';
+
 CREATE FUNCTION dwarf.maintain(now timestamptz DEFAULT now()) RETURNS jsonb
 	LANGUAGE plpgsql SECURITY DEFINER
 	SET search_path = pg_catalog, pg_temp
@@ -678,6 +690,8 @@ DECLARE
 	moved_steps bigint := 0;
 	n_flows		bigint;
 	n_steps		bigint;
+	chunk_ids	bigint[];
+	chunk_closed timestamptz[];
 	made		text[] := '{}';
 	dropped		text[] := '{}';
 	deferred	text[] := '{}';
@@ -756,10 +770,10 @@ BEGIN
 	END LOOP;
 
 	/*
-	 * Moved in chunks, each flow with its steps in one statement, the steps
-	 * sorted by flow for the block-range indexes.  Flows locked by someone
-	 * else (dwarf.delete, dwarf.continue) are skipped: the next pass takes
-	 * them.
+	 * Moved in chunks: the flows' rows in one statement, then their steps
+	 * (dwarf.archive_steps, sorted by flow for the block-range indexes).
+	 * Flows locked by someone else (dwarf.delete, dwarf.continue) are
+	 * skipped: the next pass takes them.
 	 */
 	i := 1;
 	WHILE i <= coalesce(cardinality(ids), 0) LOOP
@@ -773,29 +787,16 @@ BEGIN
 			   AND status IN ('completed', 'failed', 'cancelled')
 			   FOR UPDATE SKIP LOCKED),
 		 gone AS (DELETE FROM dwarf.flow f USING picked p WHERE f.id = p.id RETURNING f.*),
-		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING 1),
-		 steps AS (DELETE FROM dwarf.step s USING gone g WHERE s.flow_id = g.id
-				   RETURNING s.*, g.finished_at AS flow_finished_at),
-		 archived AS (INSERT INTO dwarf.step_archive SELECT * FROM steps ORDER BY flow_id, step_id
-					  RETURNING 1)
-		SELECT (SELECT count(*) FROM flows), (SELECT count(*) FROM archived)
-		  INTO n_flows, n_steps;
-		moved_flows := moved_flows + n_flows;
-		moved_steps := moved_steps + n_steps;
+		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING id, finished_at)
+		SELECT array_agg(id), array_agg(finished_at) INTO chunk_ids, chunk_closed FROM flows;
+		n_flows := coalesce(cardinality(chunk_ids), 0);
+		IF n_flows > 0 THEN
+			n_steps := dwarf.archive_steps(chunk_ids, chunk_closed);
+			moved_flows := moved_flows + n_flows;
+			moved_steps := moved_steps + n_steps;
+		END IF;
 		i := i + chunk;
 	END LOOP;
-
-	/*
-	 * The pages just filled join the block-range indexes' summaries (a lock
-	 * that only VACUUM and DDL of those partitions conflict with).
-	 */
-	IF moved_steps > 0 THEN
-		PERFORM brin_summarize_new_values(ix.indexrelid)
-		   FROM dwarf.archive_days('dwarf.step_archive') a
-		   JOIN pg_index ix ON ix.indrelid = a.partition
-		   JOIN pg_class c ON c.oid = ix.indexrelid
-		   JOIN pg_am am ON am.oid = c.relam AND am.amname = 'brin';
-	END IF;
 
 	result := jsonb_build_object(
 		'moved_flows', moved_flows,
