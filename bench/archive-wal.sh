@@ -20,7 +20,7 @@ SET dwarf.archive_after = '0';
 -- a first round, moved, so that the measured one finds the tables warm
 SELECT count(dwarf.create('bench_linear_10', '{}')) FROM generate_series(1, 3000) \gset
 DO \$\$ BEGIN WHILE EXISTS (SELECT 1 FROM dwarf.flow WHERE status = 'running') LOOP PERFORM pg_sleep(0.2); END LOOP; END \$\$;
-SELECT dwarf.maintain() IS NOT NULL \gset
+SELECT dwarf.maintain() IS NOT NULL AS warmed \gset
 VACUUM dwarf.flow, dwarf.step;
 CHECKPOINT;
 SELECT pg_current_wal_lsn() AS l0 \gset
