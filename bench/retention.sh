@@ -54,6 +54,7 @@ RESULTS=${RESULTS:-$HERE/results}
 CHART=${CHART:-$HERE/charts/retention.svg}
 TAG=${TAG:-$(date -u +%Y%m%d-%H%M)}
 KEEP=${KEEP:-0}							# 1: leave the cluster (stopped) in WORK
+EXTRA_CONF=${EXTRA_CONF:-}				# more postgresql.conf lines, e.g. "max_wal_size = 8GB"
 
 CSV=$RESULTS/retention-$TAG.csv
 SUMMARY=$RESULTS/retention-$TAG.txt
@@ -139,6 +140,7 @@ shared_preload_libraries = 'dwarf'
 max_worker_processes = 32
 fsync = on
 synchronous_commit = on
+$EXTRA_CONF
 CONF
 : >"$LOG"
 chown postgres: "$LOG"
