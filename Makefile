@@ -53,4 +53,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h src/worker.h src/flows.h src/json.h
+$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h

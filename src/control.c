@@ -19,6 +19,9 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
+#include "graph.h"
+#include "flowrun.h"
 #include "json.h"
 #include "flows.h"
 

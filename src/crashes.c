@@ -28,6 +28,7 @@
 #include "storage/spin.h"
 
 #include "dwarf.h"
+#include "shmem.h"
 #include "worker.h"
 
 #define CRASH_FILE	"dwarf.crashes"

@@ -15,6 +15,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
 #include "flows.h"
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);

@@ -17,6 +17,8 @@
 #include "utils/numeric.h"
 
 #include "dwarf.h"
+#include "graph.h"
+#include "flowrun.h"
 #include "json.h"
 
 static void Route(FlowRun *flow, Token *token, int target, Jsonb *state, bool owned);

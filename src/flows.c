@@ -39,6 +39,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
 #include "json.h"
 #include "flows.h"
 

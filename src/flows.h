@@ -14,6 +14,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
 
 /* ---------- notes handed to the workers when the transaction commits ---------- */
 

@@ -26,6 +26,7 @@
 #include "utils/syscache.h"
 
 #include "dwarf.h"
+#include "graph.h"
 #include "json.h"
 
 #define DefinitionError(...) \

@@ -31,6 +31,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
 #include "flows.h"
 
 /* A database the launcher knows of, and the workers it started there. */

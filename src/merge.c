@@ -19,6 +19,7 @@
 #include "utils/varlena.h"
 
 #include "dwarf.h"
+#include "graph.h"
 #include "json.h"
 
 /* A JSON value's type, with its article, for error messages. */

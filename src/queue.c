@@ -16,6 +16,8 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
+#include "flowrun.h"
 #include "worker.h"
 
 /* A fairness key's virtual clock: how far its flows have been served. */

@@ -36,6 +36,9 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
+#include "graph.h"
+#include "flowrun.h"
 #include "worker.h"
 
 /* A step this worker lent, or is about to lend once a runner is free. */

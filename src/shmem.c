@@ -14,6 +14,7 @@
 #include "storage/shmem.h"
 
 #include "dwarf.h"
+#include "shmem.h"
 
 DwarfShared *Dwarf = NULL;
 

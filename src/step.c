@@ -29,6 +29,8 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "graph.h"
+#include "flowrun.h"
 #include "json.h"
 #include "worker.h"
 

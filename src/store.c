@@ -28,6 +28,9 @@
 #include "utils/syscache.h"
 
 #include "dwarf.h"
+#include "shmem.h"
+#include "graph.h"
+#include "flowrun.h"
 #include "json.h"
 #include "flows.h"
 #include "worker.h"

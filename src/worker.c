@@ -54,6 +54,8 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "shmem.h"
+#include "flowrun.h"
 #include "flows.h"
 #include "worker.h"
 

@@ -11,6 +11,8 @@
 #include "utils/hsearch.h"
 
 #include "dwarf.h"
+#include "flowrun.h"
+#include "shmem.h"
 
 struct FairKey;
 

@@ -1,0 +1,157 @@
+/*
+ * shmem.h
+ *		dwarf's shared memory (shmem.c): worker slots and their note rings,
+ *		await waiters, dwarf.run's requests, runner slots, slow tasks.
+ */
+#ifndef DWARF_SHMEM_H
+#define DWARF_SHMEM_H
+
+#include "port/atomics.h"
+#include "storage/dsm.h"
+#include "storage/latch.h"
+#include "storage/spin.h"
+
+#include "dwarf.h"
+
+/* ---------- shared memory (shmem.c) ---------- */
+
+#define DWARF_MAX_WORKERS	64
+#define DWARF_RING_SIZE		2048
+
+typedef enum DwarfNoteKind
+{
+	NOTE_NEW_FLOW,				/* a committed create: load the flow */
+	NOTE_RELOAD_FLOW,			/* status changed outside (cancel): reload */
+	NOTE_RUN_REQUEST			/* flow_id is the pgprocno of a dwarf.run caller */
+} DwarfNoteKind;
+
+typedef struct DwarfNote
+{
+	int64		flow_id;
+	int32		kind;
+} DwarfNote;
+
+/* One in-server worker.  The launcher assigns slots; the worker fills pid. */
+typedef struct DwarfWorkerSlot
+{
+	Oid			dboid;			/* InvalidOid when the slot is free */
+	int			index;			/* worker number within its database */
+	pid_t		pid;			/* 0 until the worker runs */
+	Latch	   *latch;			/* the worker's latch while it runs */
+	bool		no_extension;	/* it exited: dwarf is not installed there */
+	volatile int32 best_priority;	/* of its ready steps; PG_INT32_MAX: none */
+	volatile int32 running_priority;	/* best of the batch it runs, or PG_INT32_MAX */
+
+	slock_t		mutex;			/* protects the ring */
+	uint32		head;			/* next note to read */
+	uint32		tail;			/* next free place */
+	bool		overflow;		/* notes were dropped: rescan the table */
+	DwarfNote	ring[DWARF_RING_SIZE];
+
+	/* counters, written by the worker only */
+	pg_atomic_uint64 flows_loaded;
+	pg_atomic_uint64 ready;
+	pg_atomic_uint64 steps;
+	pg_atomic_uint64 steps_failed;
+	pg_atomic_uint64 flows_closed;
+	pg_atomic_uint64 batches;
+	pg_atomic_uint64 aborted_batches;
+} DwarfWorkerSlot;
+
+typedef enum DwarfRequestState
+{
+	REQ_FREE = 0,
+	REQ_SUBMITTED,
+	REQ_TAKEN,					/* a worker is reading it */
+	REQ_DONE,
+	REQ_FAILED,
+	REQ_ABANDONED
+} DwarfRequestState;
+
+/* Requests up to this size travel in the slot; larger ones in DSM. */
+#define DWARF_INLINE_REQUEST	2048
+
+/* A dwarf.run caller's create request, one per backend (by pgprocno). */
+typedef struct DwarfRequest
+{
+	slock_t		mutex;
+	DwarfRequestState state;
+	dsm_handle	handle;			/* a RunRequest in DSM, or DSM_HANDLE_INVALID */
+	int64		flow_id;		/* the flow to await (set when done) */
+	int			sqlerrcode;		/* why it failed (set when failed) */
+	char		errmsg[256];
+	char		body[DWARF_INLINE_REQUEST] pg_attribute_aligned(MAXIMUM_ALIGNOF);	/* or here */
+} DwarfRequest;
+
+/* The body of a run request, in a DSM segment made by the caller. */
+typedef struct RunRequest
+{
+	int64		flow_id;
+	int32		graph_id;
+	Oid			owner;
+	int32		priority;
+	int32		keylen;			/* idempotency key bytes, 0 if none */
+	Size		inputlen;		/* bytes of the flat jsonb input */
+	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, input, options (jsonb) */
+} RunRequest;
+
+/*
+ * A runner: a background worker started to run one slow step (runner.c).
+ * The lending worker fills the slot; the runner sets pid, then done once
+ * its step has committed (or it found nothing to run).
+ */
+#define DWARF_MAX_RUNNERS	64
+
+typedef struct DwarfRunnerSlot
+{
+	bool		in_use;			/* under DwarfShared.mutex */
+	Oid			dboid;
+	int			worker;			/* the lender's slot in DwarfShared.workers */
+	int64		flow_id;
+	int32		token_id;
+	TimestampTz lent_at;
+	slock_t		mutex;			/* protects pid and done */
+	pid_t		pid;
+	bool		done;
+} DwarfRunnerSlot;
+
+/* Tasks found slow, for every worker of their database (runner.c). */
+#define DWARF_SLOW_TASKS	256
+
+typedef struct DwarfSlowTask
+{
+	Oid			dboid;			/* InvalidOid: free */
+	Oid			fn;
+	bool		slow;
+} DwarfSlowTask;
+
+typedef struct DwarfShared
+{
+	slock_t		mutex;			/* protects the launcher fields */
+	Latch	   *launcher_latch;
+	bool		rescan;			/* a database created or dropped dwarf */
+
+	DwarfWorkerSlot workers[DWARF_MAX_WORKERS];
+	DwarfRunnerSlot runners[DWARF_MAX_RUNNERS];
+
+	slock_t		slow_mutex;
+	pg_atomic_uint32 slow_epoch;	/* bumped at every change of slow[] */
+	DwarfSlowTask slow[DWARF_SLOW_TASKS];
+
+	/* indexed by pgprocno; sized by MaxBackends + aux processes */
+	int			nprocs;
+	pg_atomic_uint64 *waiting;	/* flow a backend awaits, 0 for none */
+	DwarfRequest *requests;
+} DwarfShared;
+
+extern DwarfShared *Dwarf;
+
+extern void DwarfShmemRequest(void);
+extern void DwarfShmemStartup(void);
+extern DwarfWorkerSlot *DwarfOwnerSlot(Oid dboid, int64 flow_id);
+extern bool DwarfPushNote(DwarfWorkerSlot *slot, int64 flow_id, DwarfNoteKind kind);
+extern void DwarfWakeLauncher(void);
+extern void DwarfWakeWaiters(int64 *flow_ids, int n);
+extern int	DwarfWorkerOf(int64 flow_id);
+
+#endif							/* DWARF_SHMEM_H */
