@@ -643,7 +643,7 @@ CREATE FUNCTION dwarf.make_archive_day(day date) RETURNS boolean
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	suffix text := to_char(day, 'YYYYMMDD');
+	suffix text := to_char(day, 'YYYYMMDD');	/* as DayPartitionName (archive.c) names it */
 	lo text := to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00';
 	hi text := to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00';
 	parent text;
@@ -664,6 +664,7 @@ REVOKE ALL ON FUNCTION dwarf.make_archive_day(date) FROM PUBLIC;
 
 CREATE FUNCTION dwarf.archive_steps(flow_ids bigint[], closed timestamptz[]) RETURNS bigint
 	LANGUAGE c STRICT
+	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_archive_steps';
 REVOKE ALL ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) FROM PUBLIC;
 COMMENT ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) IS

@@ -112,18 +112,6 @@ COMMENT ON FUNCTION dwarf_router.partition_of(bigint) IS
  * 62, as flow ids do, so the router passes them through unchanged and
  * routes a step id the way it routes a flow id.
  */
-CREATE FUNCTION dwarf_router.routed_step_id(part int, step_id bigint) RETURNS bigint
-	LANGUAGE sql IMMUTABLE
-	AS $$ SELECT step_id $$;
-COMMENT ON FUNCTION dwarf_router.routed_step_id(int, bigint) IS
-	'The router''s id of a shard''s step: the shard''s own, which carries the shard in bits 48 to 62';
-
-CREATE FUNCTION dwarf_router.shard_step_id(step_id bigint) RETURNS bigint
-	LANGUAGE sql IMMUTABLE
-	AS $$ SELECT step_id $$;
-COMMENT ON FUNCTION dwarf_router.shard_step_id(bigint) IS
-	'The shard''s id of a step the router named: the same id';
-
 CREATE FUNCTION dwarf_router.partition_of_step(step_id bigint) RETURNS int
 	LANGUAGE plpgsql STABLE
 	SET search_path = pg_catalog, pg_temp
@@ -708,7 +696,7 @@ DECLARE
 	e_hint text;
 BEGIN
 	RETURN QUERY
-		SELECT dwarf_router.routed_step_id(part, h.step_id), h.task, h.status, h.attempt,
+		SELECT h.step_id, h.task, h.status, h.attempt,
 			   h.started_at, h.finished_at, h.error, h.changes
 		  FROM dwarf_router.history_on(part, flow, task_name) h
 		 ORDER BY h.step_id;
@@ -747,7 +735,7 @@ DECLARE
 	e_detail text;
 	e_hint text;
 BEGIN
-	RETURN dwarf_router.state_at_on(part, flow, dwarf_router.shard_step_id(before_step), replay);
+	RETURN dwarf_router.state_at_on(part, flow, before_step, replay);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
 	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
@@ -814,7 +802,7 @@ DECLARE
 	e_detail text;
 	e_hint text;
 BEGIN
-	RETURN dwarf_router.fork_on(part, dwarf_router.shard_step_id(step_id), overrides);
+	RETURN dwarf_router.fork_on(part, step_id, overrides);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
 	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);

@@ -97,7 +97,10 @@ StepToMoveCmp(const void *a, const void *b)
 	return (x->step_id > y->step_id) - (x->step_id < y->step_id);
 }
 
-/* The name of the partition of the day (UTC) a flow closed on. */
+/*
+ * The name of the partition of the day (UTC) a flow closed on, as
+ * dwarf.make_archive_day names it (the SQL side of the same scheme).
+ */
 static void
 DayPartitionName(TimestampTz closed, char *name)
 {
