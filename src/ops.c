@@ -370,8 +370,9 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	args[1] = CStringGetTextDatum(thread);
 	Exec("UPDATE dwarf.flow SET thread = $2 WHERE id = $1 AND thread IS NULL",
 		 2, types, args, NULL, SPI_OK_UPDATE);
-	Exec("UPDATE dwarf.flow_archive SET thread = $2 WHERE id = $1 AND thread IS NULL",
-		 2, types, args, NULL, SPI_OK_UPDATE);
+	if (SPI_processed == 0)
+		Exec("UPDATE dwarf.flow_archive SET thread = $2 WHERE id = $1 AND thread IS NULL",
+			 2, types, args, NULL, SPI_OK_UPDATE);
 	RestoreUser(saved);
 	NoteOnCommit(id, NOTE_NEW_FLOW, false);
 	SPI_finish();
