@@ -28,6 +28,7 @@
 /* The step being run by this process, or NULL outside a task. */
 StepContext *DwarfCurrentStep = NULL;
 
+/* The step being run; outside a task, an error naming the function called. */
 static StepContext *
 CurrentStep(const char *function)
 {
@@ -193,6 +194,62 @@ dwarf_baggage(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(datumCopy(JsonbPGetDatum(step->flow->baggage), false, -1));
 }
 
+/*
+ * Starts the child flow of a dwarf.subgraph call, named by key, if the
+ * parents above it leave room; returns its id.  The caller is connected to
+ * SPI.
+ */
+static int64
+StartChildFlow(FlowRun *flow, const char *graph, char *key, Jsonb *input)
+{
+	const char *keys[2] = {"parent_id", "parent_key"};
+	JsonbValue	values[2];
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow->id)};
+	bool		isnull;
+	int32		graph_id;
+	bool		is_new;
+	int64		child;
+
+	/* Each child is one level deeper than its parent: bounded. */
+	if (SPI_execute_with_args("WITH RECURSIVE up AS ("
+							  "  SELECT parent_id FROM dwarf.flow WHERE id = $1"
+							  "  UNION ALL SELECT f.parent_id FROM dwarf.flow f"
+							  "   JOIN up ON f.id = up.parent_id)"
+							  " SELECT count(parent_id) FROM up",
+							  1, types, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not count the parents of flow " INT64_FORMAT, flow->id);
+	if (DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))
+		>= DWARF_MAX_DEPTH)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("subgraph \"%s\" would nest flows more than %d deep", graph,
+						DWARF_MAX_DEPTH),
+				 errhint("A task that starts a subgraph of its own graph needs a condition that ends the recursion.")));
+	graph_id = LatestGraph(cstring_to_text(graph), false);
+	values[0].type = jbvNumeric;
+	values[0].val.numeric = int64_to_numeric(flow->id);
+	values[1].type = jbvString;
+	values[1].val.string.val = key;
+	values[1].val.string.len = strlen(key);
+	child = InsertFlow(NewFlowId(), graph_id, flow->owner, flow->priority, NULL, input,
+					   JsonbWithKeys(JsonbEmptyObject(), 2, keys, values), &is_new);
+	NoteOnCommit(child, NOTE_NEW_FLOW, false);
+	return child;
+}
+
+/* The child flow a dwarf.subgraph call started, by its parent and key. */
+enum
+{
+	Anum_child_id = 1,
+	Anum_child_status,
+	Anum_child_state,
+	Anum_child_error
+};
+#define CHILD_FLOW_SQL \
+	"SELECT id, status, state, error FROM dwarf.flow" \
+	" WHERE parent_id = $1 AND parent_key = $2"
+
 DWARF_FUNCTION(dwarf_subgraph);
 
 /*
@@ -233,52 +290,21 @@ dwarf_subgraph(PG_FUNCTION_ARGS)
 		elog(ERROR, "dwarf: SPI_connect failed");
 	args[0] = Int64GetDatum(flow->id);
 	args[1] = CStringGetTextDatum(key);
-	if (SPI_execute_with_args("SELECT id, status, state, error FROM dwarf.flow"
-							  " WHERE parent_id = $1 AND parent_key = $2",
-							  2, types, args, NULL, true, 1) != SPI_OK_SELECT)
+	if (SPI_execute_with_args(CHILD_FLOW_SQL, 2, types, args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not look up a child flow");
 
 	if (SPI_processed == 0)
 	{
-		const char *keys[2] = {"parent_id", "parent_key"};
-		JsonbValue	values[2];
-		int32		graph_id;
-		bool		is_new;
-		int64		child;
-
-		/* Each child is one level deeper than its parent: bounded. */
-		if (SPI_execute_with_args("WITH RECURSIVE up AS ("
-								  "  SELECT parent_id FROM dwarf.flow WHERE id = $1"
-								  "  UNION ALL SELECT f.parent_id FROM dwarf.flow f"
-								  "   JOIN up ON f.id = up.parent_id)"
-								  " SELECT count(parent_id) FROM up",
-								  1, types, args, NULL, true, 1) != SPI_OK_SELECT)
-			elog(ERROR, "dwarf: could not count the parents of flow " INT64_FORMAT, flow->id);
-		if (DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))
-			>= DWARF_MAX_DEPTH)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("subgraph \"%s\" would nest flows more than %d deep", graph,
-							DWARF_MAX_DEPTH),
-					 errhint("A task that starts a subgraph of its own graph needs a condition that ends the recursion.")));
-		graph_id = LatestGraph(cstring_to_text(graph), false);
-		values[0].type = jbvNumeric;
-		values[0].val.numeric = int64_to_numeric(flow->id);
-		values[1].type = jbvString;
-		values[1].val.string.val = key;
-		values[1].val.string.len = strlen(key);
-		child = InsertFlow(NewFlowId(), graph_id, flow->owner, flow->priority, NULL, input,
-						   JsonbWithKeys(JsonbEmptyObject(), 2, keys, values), &is_new);
-		NoteOnCommit(child, NOTE_NEW_FLOW, false);
-		step->waiting_child = child;
+		step->waiting_child = StartChildFlow(flow, graph, key, input);
 		SPI_finish();
 		PG_RETURN_NULL();
 	}
 
-	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, Anum_child_status);
 	if (strcmp(status, "completed") == 0)
 	{
-		result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull);
+		result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, Anum_child_state,
+							   &isnull);
 		if (!isnull)
 			result = SPI_datumTransfer(result, false, -1);
 	}
@@ -286,13 +312,16 @@ dwarf_subgraph(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
 				 errmsg("subgraph \"%s\" (flow %s) %s: %s", graph,
-						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), status,
+						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, Anum_child_id),
+						status,
 						strcmp(status, "failed") == 0 ?
-						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4) :
+						SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+									 Anum_child_error) :
 						"cancelled")));
 	else
 		step->waiting_child = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-														  SPI_tuptable->tupdesc, 1, &isnull));
+														  SPI_tuptable->tupdesc, Anum_child_id,
+														  &isnull));
 	SPI_finish();
 	if (isnull)
 		PG_RETURN_NULL();

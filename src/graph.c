@@ -1,7 +1,8 @@
 /*
  * graph.c
  *		Graph definitions: parse the JSON document, check it, and compile it
- *		into nodes and edges with resolved functions and compiled paths.
+ *		into nodes and edges with resolved functions and compiled paths;
+ *		then, in a worker, set up the calls of the tasks' functions.
  *
  * dwarf.define runs the checks once and stores the definition with every
  * function name schema-qualified; a worker compiles the stored document again
@@ -48,6 +49,7 @@ StringValue(JsonbValue *v, const char *what)
 	return pnstrdup(v->val.string.val, v->val.string.len);
 }
 
+/* A boolean JsonbValue's value, or an error naming what it is. */
 static bool
 BoolValue(JsonbValue *v, const char *what)
 {
@@ -72,6 +74,7 @@ IterateValue(JsonbValue *v, bool want_object, const char *what)
 	return JsonbIteratorInit(c);
 }
 
+/* A task's node number by name: NODE_END for END, -2 for none. */
 int
 GraphNodeByName(Graph *graph, const char *name)
 {
@@ -171,6 +174,7 @@ CompilePath(const char *text, const char *edge)
 	return path;
 }
 
+/* A new edge of the task from, to nto tasks the caller fills in. */
 static Edge *
 NewEdge(Graph *graph, EdgeKind kind, int from, int nto)
 {
@@ -213,30 +217,29 @@ ParseChain(Graph *graph, JsonbValue *chain, const char *edge_desc)
 		DefinitionError("invalid graph definition: %s has a chain of %d task(s); a chain needs two or more", edge_desc, count);
 }
 
-/* One element of "transitions". */
+/* A transition's keys, as written. */
+typedef struct TransitionKeys
+{
+	char	   *from;
+	JsonbValue	to;				/* jbvNull when absent */
+	JsonbValue	chain;			/* jbvNull when absent */
+	char	   *when;
+	char	   *sw;				/* "switch" */
+	char	   *for_each;
+	char	   *as;
+	bool		is_goto;
+	bool		on_error;
+} TransitionKeys;
+
+/* Reads one element of "transitions" into keys; desc names it in errors. */
 static void
-ParseTransition(Graph *graph, JsonbValue *elem, int number)
+ReadTransitionKeys(JsonbValue *elem, const char *desc, TransitionKeys *keys)
 {
 	JsonbIterator *it = IterateValue(elem, true, "a transition");
 	JsonbIteratorToken tok;
 	JsonbValue	k,
 				v;
-	char		desc[256];
-	char	   *from = NULL,
-			   *when = NULL,
-			   *sw = NULL,
-			   *for_each = NULL,
-			   *as = NULL;
-	bool		is_goto = false,
-				on_error = false;
-	JsonbValue	to = {0},
-				chain = {0};
-	int			nto = 0;
-	EdgeKind	kind;
-	Edge	   *edge;
-	int			from_node;
 
-	snprintf(desc, sizeof(desc), "transition %d", number);
 	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
 	{
 		char	   *key;
@@ -246,97 +249,123 @@ ParseTransition(Graph *graph, JsonbValue *elem, int number)
 		key = pnstrdup(k.val.string.val, k.val.string.len);
 		(void) JsonbIteratorNext(&it, &v, true);
 		if (strcmp(key, "from") == 0)
-			from = StringValue(&v, "\"from\"");
+			keys->from = StringValue(&v, "\"from\"");
 		else if (strcmp(key, "to") == 0)
-			to = v;
+			keys->to = v;
 		else if (strcmp(key, "chain") == 0)
-			chain = v;
+			keys->chain = v;
 		else if (strcmp(key, "when") == 0)
-			when = StringValue(&v, "\"when\"");
+			keys->when = StringValue(&v, "\"when\"");
 		else if (strcmp(key, "switch") == 0)
-			sw = StringValue(&v, "\"switch\"");
+			keys->sw = StringValue(&v, "\"switch\"");
 		else if (strcmp(key, "for_each") == 0)
-			for_each = StringValue(&v, "\"for_each\"");
+			keys->for_each = StringValue(&v, "\"for_each\"");
 		else if (strcmp(key, "as") == 0)
-			as = StringValue(&v, "\"as\"");
+			keys->as = StringValue(&v, "\"as\"");
 		else if (strcmp(key, "goto") == 0)
-			is_goto = BoolValue(&v, "\"goto\"");
+			keys->is_goto = BoolValue(&v, "\"goto\"");
 		else if (strcmp(key, "on_error") == 0)
-			on_error = BoolValue(&v, "\"on_error\"");
+			keys->on_error = BoolValue(&v, "\"on_error\"");
 		else
 			DefinitionError("invalid graph definition: unknown key \"%s\" in %s", key, desc);
 	}
+}
 
-	if (chain.type == jbvBinary)
+/* A new edge from from_node to "to": one task's name, or an array of them. */
+static Edge *
+NewEdgeTo(Graph *graph, EdgeKind kind, int from_node, JsonbValue *to, const char *desc)
+{
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+	List	   *targets = NIL;
+	ListCell   *lc;
+	Edge	   *edge;
+	int			nto;
+
+	if (to->type == jbvString)
 	{
-		if (from || to.type != jbvNull || when || sw || for_each || as || is_goto || on_error)
+		edge = NewEdge(graph, kind, from_node, 1);
+		edge->to[0] = ResolveNode(graph, StringValue(to, "\"to\""), desc);
+		return edge;
+	}
+	it = IterateValue(to, false, "\"to\"");
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+		if (tok == WJB_ELEM)
+			targets = lappend_int(targets,
+								  ResolveNode(graph, StringValue(&v, "a \"to\" element"), desc));
+	nto = list_length(targets);
+	if (nto == 0)
+		DefinitionError("invalid graph definition: %s has an empty \"to\"", desc);
+	if (nto > 1 && kind != EDGE_PLAIN && kind != EDGE_WHEN)
+		DefinitionError("invalid graph definition: %s: only plain and when edges may fan out to several tasks",
+						desc);
+	edge = NewEdge(graph, kind, from_node, nto);
+	nto = 0;
+	foreach(lc, targets)
+		edge->to[nto++] = lfirst_int(lc);
+	return edge;
+}
+
+/* One element of "transitions": a chain, or an edge of one kind. */
+static void
+ParseTransition(Graph *graph, JsonbValue *elem, int number)
+{
+	TransitionKeys t = {0};
+	char		desc[256];
+	EdgeKind	kind;
+	Edge	   *edge;
+	int			from_node;
+
+	snprintf(desc, sizeof(desc), "transition %d", number);
+	ReadTransitionKeys(elem, desc, &t);
+
+	if (t.chain.type == jbvBinary)
+	{
+		if (t.from || t.to.type != jbvNull || t.when || t.sw || t.for_each || t.as ||
+			t.is_goto || t.on_error)
 			DefinitionError("invalid graph definition: %s has \"chain\" and other keys", desc);
-		ParseChain(graph, &chain, desc);
+		ParseChain(graph, &t.chain, desc);
 		return;
 	}
-	if (from == NULL || to.type == jbvNull)
+	if (t.from == NULL || t.to.type == jbvNull)
 		DefinitionError("invalid graph definition: %s needs \"from\" and \"to\" (or \"chain\")", desc);
 
-	from_node = ResolveNode(graph, from, desc);
+	from_node = ResolveNode(graph, t.from, desc);
 	if (from_node == NODE_END)
 		DefinitionError("invalid graph definition: %s starts at END", desc);
 
-	if (to.type == jbvString)
+	if (t.to.type == jbvString)
 		snprintf(desc, sizeof(desc), "transition %d (from \"%s\" to \"%.*s\")",
-				 number, from, to.val.string.len, to.val.string.val);
+				 number, t.from, t.to.val.string.len, t.to.val.string.val);
 	else
-		snprintf(desc, sizeof(desc), "transition %d (from \"%s\")", number, from);
+		snprintf(desc, sizeof(desc), "transition %d (from \"%s\")", number, t.from);
 
-	if ((when != NULL) + (sw != NULL) + (for_each != NULL) + is_goto + on_error > 1)
+	if ((t.when != NULL) + (t.sw != NULL) + (t.for_each != NULL) + t.is_goto + t.on_error > 1)
 		DefinitionError("invalid graph definition: %s combines more than one of when, switch, for_each, goto and on_error",
 						desc);
-	if (as && !for_each)
+	if (t.as && !t.for_each)
 		DefinitionError("invalid graph definition: %s has \"as\" without \"for_each\"", desc);
 
-	kind = when ? EDGE_WHEN : sw ? EDGE_SWITCH : for_each ? EDGE_FOR_EACH :
-		is_goto ? EDGE_GOTO : on_error ? EDGE_ERROR : EDGE_PLAIN;
-
-	if (to.type == jbvString)
-	{
-		edge = NewEdge(graph, kind, from_node, 1);
-		edge->to[0] = ResolveNode(graph, StringValue(&to, "\"to\""), desc);
-	}
-	else
-	{
-		JsonbIterator *ti = IterateValue(&to, false, "\"to\"");
-		List	   *targets = NIL;
-		ListCell   *lc;
-
-		while ((tok = JsonbIteratorNext(&ti, &v, true)) != WJB_DONE)
-			if (tok == WJB_ELEM)
-				targets = lappend_int(targets,
-									  ResolveNode(graph, StringValue(&v, "a \"to\" element"), desc));
-		nto = list_length(targets);
-		if (nto == 0)
-			DefinitionError("invalid graph definition: %s has an empty \"to\"", desc);
-		if (nto > 1 && kind != EDGE_PLAIN && kind != EDGE_WHEN)
-			DefinitionError("invalid graph definition: %s: only plain and when edges may fan out to several tasks",
-							desc);
-		edge = NewEdge(graph, kind, from_node, nto);
-		nto = 0;
-		foreach(lc, targets)
-			edge->to[nto++] = lfirst_int(lc);
-	}
+	kind = t.when ? EDGE_WHEN : t.sw ? EDGE_SWITCH : t.for_each ? EDGE_FOR_EACH :
+		t.is_goto ? EDGE_GOTO : t.on_error ? EDGE_ERROR : EDGE_PLAIN;
+	edge = NewEdgeTo(graph, kind, from_node, &t.to, desc);
 
 	if (kind == EDGE_GOTO && edge->to[0] == NODE_END)
 		DefinitionError("invalid graph definition: %s: a goto edge must name a task", desc);
-	if (when || sw)
+	if (t.when || t.sw)
 	{
-		edge->path_text = when ? when : sw;
+		edge->path_text = t.when ? t.when : t.sw;
 		edge->path = CompilePath(edge->path_text, desc);
 	}
-	if (for_each)
+	if (t.for_each)
 	{
-		edge->for_each = for_each;
-		edge->as = as ? as : pstrdup("item");
+		edge->for_each = t.for_each;
+		edge->as = t.as ? t.as : pstrdup("item");
 	}
 }
 
+/* "tasks": {"name": "function", ...}, each function resolved (strict: it must exist). */
 static void
 ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 {
@@ -377,6 +406,7 @@ ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 		DefinitionError("invalid graph definition: \"tasks\" is empty");
 }
 
+/* "fan_in": ["task", ...], the tasks that wait for every branch of a fan-out. */
 static void
 ParseFanIn(Graph *graph, JsonbValue *fan_in)
 {
@@ -882,6 +912,7 @@ GraphStartNode(Graph *graph, const char *start_task)
 	return node >= 0 ? node : graph->entry;
 }
 
+/* The goto edge from one task to another, or NULL. */
 Edge *
 GraphGotoEdge(Graph *graph, int from, int to)
 {

@@ -1,7 +1,7 @@
 /*
  * merge.c
  *		Flow state: merging a step's changes into a state with the graph's
- *		per-field reducers.
+ *		per-field reducers; and dwarf.fold_changes, the same merge in SQL.
  *
  * A state is a JSON object.  A task returns its changes, also an object;
  * each changed field is combined with the old value by the field's reducer
@@ -43,6 +43,7 @@ JsonTypeName(JsonbValue *v)
 	}
 }
 
+/* Is v an array (array) or an object (!array)? */
 static bool
 IsContainer(JsonbValue *v, bool array)
 {
@@ -51,6 +52,7 @@ IsContainer(JsonbValue *v, bool array)
 		 JsonContainerIsObject(v->val.binary.data));
 }
 
+/* Raises: the reducer cannot combine these two values. */
 static void
 ReducerTypeError(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 {
@@ -109,6 +111,7 @@ Elements(JsonbValue *v)
 	return result;
 }
 
+/* An array value of the given elements. */
 static JsonbValue *
 ArrayOf(List *elems)
 {
@@ -121,6 +124,7 @@ ArrayOf(List *elems)
 	return JsonbAsBinary(pushJsonbValue(&state, WJB_END_ARRAY, NULL));
 }
 
+/* Compares two numbers, or two strings in the C collation; else raises. */
 static int
 CompareScalars(ReducerKind kind, const char *field, JsonbValue *a, JsonbValue *b)
 {
@@ -135,61 +139,96 @@ CompareScalars(ReducerKind kind, const char *field, JsonbValue *a, JsonbValue *b
 	return 0;
 }
 
-/*
- * Combines a field's old value (NULL when absent) with a change.  Returns
- * NULL when the field should be absent afterwards.
- */
+/* Checks that a reducer can take a field's first value, or raises. */
+static void
+CheckFirstValue(ReducerKind kind, const char *field, JsonbValue *new)
+{
+	bool		fits;
+
+	switch (kind)
+	{
+		case RED_ADD:
+			fits = new->type == jbvNumeric;
+			break;
+		case RED_MIN:
+		case RED_MAX:
+			fits = new->type == jbvNumeric || new->type == jbvString;
+			break;
+		case RED_AND:
+		case RED_OR:
+			fits = new->type == jbvBool;
+			break;
+		case RED_MERGE:
+			fits = IsContainer(new, false);
+			break;
+		case RED_CONCAT:
+			fits = new->type == jbvString || IsContainer(new, true);
+			break;
+		default:
+			fits = true;
+			break;
+	}
+	if (!fits)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("reducer \"%s\" of field \"%s\" cannot take %s",
+						ReducerNames[kind], field, JsonTypeName(new))));
+}
+
+/* Two strings, one after the other. */
 static JsonbValue *
-Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
+ConcatStrings(JsonbValue *a, JsonbValue *b)
+{
+	JsonbValue *result = palloc(sizeof(JsonbValue));
+
+	result->type = jbvString;
+	result->val.string.len = a->val.string.len + b->val.string.len;
+	result->val.string.val = palloc(result->val.string.len + 1);
+	memcpy(result->val.string.val, a->val.string.val, a->val.string.len);
+	memcpy(result->val.string.val + a->val.string.len,
+		   b->val.string.val, b->val.string.len);
+	return result;
+}
+
+/* The array old with each element of new it does not hold yet appended. */
+static JsonbValue *
+ArrayUnion(JsonbValue *old, JsonbValue *new)
+{
+	List	   *elems = Elements(old);
+	ListCell   *lc;
+
+	foreach(lc, Elements(new))
+	{
+		ListCell   *lc2;
+		bool		present = false;
+
+		foreach(lc2, elems)
+			if (ValuesEqual(lfirst(lc), lfirst(lc2)))
+				present = true;
+		if (!present)
+			elems = lappend(elems, lfirst(lc));
+	}
+	return ArrayOf(elems);
+}
+
+/* The object old with new's pairs on top. */
+static JsonbValue *
+MergeObjects(JsonbValue *old, JsonbValue *new)
+{
+	JsonbParseState *state = NULL;
+
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	JsonbPushPairsExcept(&state, old->val.binary.data, 0, NULL);
+	JsonbPushPairsExcept(&state, new->val.binary.data, 0, NULL);
+	return JsonbAsBinary(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+}
+
+/* Combines two present values with a reducer other than replace. */
+static JsonbValue *
+Combine(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 {
 	JsonbValue *result;
 
-	if (new->type == jbvNull)
-		return kind == RED_REPLACE ? NULL : old;
-	if (kind == RED_REPLACE)
-		return new;
-	if (old == NULL || old->type == jbvNull)
-	{
-		/* The first value: check that the reducer can take it. */
-		bool		fits;
-
-		switch (kind)
-		{
-			case RED_ADD:
-				fits = new->type == jbvNumeric;
-				break;
-			case RED_MIN:
-			case RED_MAX:
-				fits = new->type == jbvNumeric || new->type == jbvString;
-				break;
-			case RED_AND:
-			case RED_OR:
-				fits = new->type == jbvBool;
-				break;
-			case RED_MERGE:
-				fits = IsContainer(new, false);
-				break;
-			case RED_CONCAT:
-				fits = new->type == jbvString || IsContainer(new, true);
-				break;
-			default:
-				fits = true;
-				break;
-		}
-		if (!fits)
-			ereport(ERROR,
-					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("reducer \"%s\" of field \"%s\" cannot take %s",
-							ReducerNames[kind], field, JsonTypeName(new))));
-		if (kind == RED_APPEND)
-			return ArrayOf(Elements(new));
-		if (kind == RED_UNION)
-			old = ArrayOf(NIL);
-		else
-			return new;
-	}
-
-	result = palloc(sizeof(JsonbValue));
 	switch (kind)
 	{
 		case RED_APPEND:
@@ -197,42 +236,18 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 			return ArrayOf(list_concat(Elements(old), Elements(new)));
 		case RED_CONCAT:
 			if (old->type == jbvString && new->type == jbvString)
-			{
-				result->type = jbvString;
-				result->val.string.len = old->val.string.len + new->val.string.len;
-				result->val.string.val = palloc(result->val.string.len + 1);
-				memcpy(result->val.string.val, old->val.string.val, old->val.string.len);
-				memcpy(result->val.string.val + old->val.string.len,
-					   new->val.string.val, new->val.string.len);
-				return result;
-			}
+				return ConcatStrings(old, new);
 			if (!IsContainer(old, true))
 				ReducerTypeError(kind, field, old, new);
 			return ArrayOf(list_concat(Elements(old), Elements(new)));
 		case RED_UNION:
-			{
-				List	   *elems;
-				ListCell   *lc;
-
-				if (!IsContainer(old, true))
-					ReducerTypeError(kind, field, old, new);
-				elems = Elements(old);
-				foreach(lc, Elements(new))
-				{
-					ListCell   *lc2;
-					bool		present = false;
-
-					foreach(lc2, elems)
-						if (ValuesEqual(lfirst(lc), lfirst(lc2)))
-							present = true;
-					if (!present)
-						elems = lappend(elems, lfirst(lc));
-				}
-				return ArrayOf(elems);
-			}
+			if (!IsContainer(old, true))
+				ReducerTypeError(kind, field, old, new);
+			return ArrayUnion(old, new);
 		case RED_ADD:
 			if (old->type != jbvNumeric || new->type != jbvNumeric)
 				ReducerTypeError(kind, field, old, new);
+			result = palloc(sizeof(JsonbValue));
 			result->type = jbvNumeric;
 			result->val.numeric =
 				DatumGetNumeric(DirectFunctionCall2(numeric_add,
@@ -247,28 +262,47 @@ Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
 		case RED_OR:
 			if (old->type != jbvBool || new->type != jbvBool)
 				ReducerTypeError(kind, field, old, new);
+			result = palloc(sizeof(JsonbValue));
 			result->type = jbvBool;
 			result->val.boolean = kind == RED_AND ?
 				(old->val.boolean && new->val.boolean) :
 				(old->val.boolean || new->val.boolean);
 			return result;
 		case RED_MERGE:
-			{
-				JsonbParseState *state = NULL;
-
-				if (!IsContainer(old, false) || !IsContainer(new, false))
-					ReducerTypeError(kind, field, old, new);
-				pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-				JsonbPushPairsExcept(&state, old->val.binary.data, 0, NULL);
-				JsonbPushPairsExcept(&state, new->val.binary.data, 0, NULL);
-				return JsonbAsBinary(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
-			}
+			if (!IsContainer(old, false) || !IsContainer(new, false))
+				ReducerTypeError(kind, field, old, new);
+			return MergeObjects(old, new);
 		case RED_REPLACE:
 			break;
 	}
 	return new;
 }
 
+/*
+ * Combines a field's old value (NULL when absent) with a change.  Returns
+ * NULL when the field should be absent afterwards.
+ */
+static JsonbValue *
+Reduce(ReducerKind kind, const char *field, JsonbValue *old, JsonbValue *new)
+{
+	if (new->type == jbvNull)
+		return kind == RED_REPLACE ? NULL : old;
+	if (kind == RED_REPLACE)
+		return new;
+	if (old == NULL || old->type == jbvNull)
+	{
+		/* The first value: taken as it is, but union drops its duplicates. */
+		CheckFirstValue(kind, field, new);
+		if (kind == RED_APPEND)
+			return ArrayOf(Elements(new));
+		if (kind != RED_UNION)
+			return new;
+		old = ArrayOf(NIL);
+	}
+	return Combine(kind, field, old, new);
+}
+
+/* The reducer of the field named by key; replace when none is named. */
 static ReducerKind
 ReducerFor(Reducer *reducers, int nreducers, JsonbValue *key)
 {

@@ -1,10 +1,12 @@
 /*
  * ops.c
  *		SQL-callable operations on existing flows: cancel, resume, fork,
- *		continue, delete, purge, and the worker counters.
+ *		continue, delete and purge; and two that only read: the worker
+ *		counters (worker_stats) and a flow's state replayed by the worker's
+ *		code (replay_state).
  *
- * Each finds the flow under row-level security (a role sees only the
- * flows of roles whose privileges it has), then writes as the extension
+ * Each operation finds the flow under row-level security (a role sees only
+ * the flows of roles whose privileges it has), then writes as the extension
  * owner and tells the owning worker at commit.
  */
 #include "postgres.h"
@@ -234,6 +236,19 @@ MergeOverrides(Jsonb *state, Jsonb *input, int32 graph_id)
 	return MergeChanges(state, input, reducers, nreducers);
 }
 
+/* The step dwarf.fork starts from, with its flow's graph and its state then. */
+enum
+{
+	Anum_forkstep_task = 1,
+	Anum_forkstep_graph_id,
+	Anum_forkstep_priority,
+	Anum_forkstep_thread,
+	Anum_forkstep_state
+};
+#define FORK_STEP_SQL \
+	"SELECT s.task, f.graph_id, f.priority, f.thread, dwarf.state_at(f.id, s.step_id)" \
+	" FROM dwarf.step_all s JOIN dwarf.flow_all f ON f.id = s.flow_id WHERE s.step_id = $1"
+
 DWARF_FUNCTION(dwarf_fork);
 
 /*
@@ -253,6 +268,7 @@ dwarf_fork(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	bool		isnull;
 	int64		id;
+	int32		graph_id;
 	bool		is_new;
 	char	   *task;
 	char	   *thread;
@@ -265,19 +281,18 @@ dwarf_fork(PG_FUNCTION_ARGS)
 	CheckInput(PG_GETARG_JSONB_P(1));
 	args[0] = PG_GETARG_DATUM(0);
 	Connect();
-	Exec("SELECT s.task, f.graph_id, f.priority, f.thread, dwarf.state_at(f.id, s.step_id)"
-		 " FROM dwarf.step_all s JOIN dwarf.flow_all f ON f.id = s.flow_id WHERE s.step_id = $1",
-		 1, types, args, NULL, SPI_OK_SELECT);
+	Exec(FORK_STEP_SQL, 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("step " INT64_FORMAT " does not exist", DatumGetInt64(args[0]))));
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
-	task = SPI_getvalue(tup, desc, 1);
-	thread = SPI_getvalue(tup, desc, 4);
-	state = MergeOverrides(DatumGetJsonbP(SPI_getbinval(tup, desc, 5, &isnull)),
-						   PG_GETARG_JSONB_P(1), DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)));
+	task = SPI_getvalue(tup, desc, Anum_forkstep_task);
+	thread = SPI_getvalue(tup, desc, Anum_forkstep_thread);
+	graph_id = DatumGetInt32(SPI_getbinval(tup, desc, Anum_forkstep_graph_id, &isnull));
+	state = MergeOverrides(DatumGetJsonbP(SPI_getbinval(tup, desc, Anum_forkstep_state, &isnull)),
+						   PG_GETARG_JSONB_P(1), graph_id);
 	values[0].type = jbvString;
 	values[0].val.string.val = task;
 	values[0].val.string.len = strlen(task);
@@ -288,14 +303,28 @@ dwarf_fork(PG_FUNCTION_ARGS)
 		values[1].val.string.len = strlen(thread);
 		nkeys++;
 	}
-	id = InsertFlow(NewFlowId(), DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull)),
-					GetUserId(), DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull)),
+	id = InsertFlow(NewFlowId(), graph_id, GetUserId(),
+					DatumGetInt32(SPI_getbinval(tup, desc, Anum_forkstep_priority, &isnull)),
 					NULL, state, JsonbWithKeys(JsonbEmptyObject(), nkeys, keys, values),
 					&is_new);
 	NoteOnCommit(id, NOTE_NEW_FLOW, false);
 	SPI_finish();
 	PG_RETURN_INT64(id);
 }
+
+/* The closed flow dwarf.continue follows: its thread, final state and graph. */
+enum
+{
+	Anum_continued_status = 1,
+	Anum_continued_thread,
+	Anum_continued_state,
+	Anum_continued_graph_name,
+	Anum_continued_priority
+};
+#define CONTINUED_FLOW_SQL \
+	"SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input)," \
+	" g.name, f.priority" \
+	" FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1"
 
 DWARF_FUNCTION(dwarf_continue);
 
@@ -333,26 +362,24 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	flow_id = PG_GETARG_INT64(0);
 	args[0] = Int64GetDatum(flow_id);
 	Connect();
-	Exec("SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input),"
-		 " g.name, f.priority"
-		 " FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
-		 1, types, args, NULL, SPI_OK_SELECT);
+	Exec(CONTINUED_FLOW_SQL, 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
-	status = SPI_getvalue(tup, desc, 1);
+	status = SPI_getvalue(tup, desc, Anum_continued_status);
 	if (strcmp(status, "running") == 0 || strcmp(status, "interrupted") == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("flow " INT64_FORMAT " cannot be continued: it is %s", flow_id, status),
 				 errhint("Continue a flow once it has closed.")));
-	thread = SPI_getvalue(tup, desc, 2);
-	d = SPI_getbinval(tup, desc, 3, &isnull);
-	priority = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
-	graph_id = LatestGraph(DatumGetTextPP(SPI_getbinval(tup, desc, 4, &isnull)), false);
+	thread = SPI_getvalue(tup, desc, Anum_continued_thread);
+	d = SPI_getbinval(tup, desc, Anum_continued_state, &isnull);
+	priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_continued_priority, &isnull));
+	graph_id = LatestGraph(DatumGetTextPP(SPI_getbinval(tup, desc, Anum_continued_graph_name,
+														&isnull)), false);
 	state = MergeOverrides(DatumGetJsonbP(d), PG_GETARG_JSONB_P(1), graph_id);
 	value.type = jbvString;
 	value.val.string.val = thread;
@@ -378,6 +405,25 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	SPI_finish();
 	PG_RETURN_INT64(id);
 }
+
+/* Deletes a flow and its child flows, live or archived; one row per flow gone. */
+enum
+{
+	Anum_deleted_id = 1,
+	Anum_deleted_parent_id
+};
+#define DELETE_FLOW_TREE_SQL \
+	"WITH RECURSIVE tree AS (" \
+	"  SELECT $1::bigint AS id" \
+	"  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id)," \
+	" steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))," \
+	" archived AS (DELETE FROM dwarf.flow_archive WHERE id IN (SELECT id FROM tree)" \
+	"  RETURNING id, parent_id, finished_at)," \
+	" archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a" \
+	"  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at)," \
+	" live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree)" \
+	"  RETURNING id, parent_id)" \
+	" SELECT id, parent_id FROM live UNION ALL SELECT id, parent_id FROM archived"
 
 DWARF_FUNCTION(dwarf_delete);
 
@@ -408,25 +454,15 @@ dwarf_delete(PG_FUNCTION_ARGS)
 		 "  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id)"
 		 " SELECT id FROM dwarf.flow WHERE id IN (SELECT id FROM tree) FOR UPDATE",
 		 1, types, args, NULL, SPI_OK_SELECT);
-	Exec("WITH RECURSIVE tree AS ("
-		 "  SELECT $1::bigint AS id"
-		 "  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id),"
-		 " steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree)),"
-		 " archived AS (DELETE FROM dwarf.flow_archive WHERE id IN (SELECT id FROM tree)"
-		 "  RETURNING id, parent_id, finished_at),"
-		 " archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a"
-		 "  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at),"
-		 " live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree)"
-		 "  RETURNING id, parent_id)"
-		 " SELECT id, parent_id FROM live UNION ALL SELECT id, parent_id FROM archived",
-		 1, types, args, NULL, SPI_OK_SELECT);
+	Exec(DELETE_FLOW_TREE_SQL, 1, types, args, NULL, SPI_OK_SELECT);
 	RestoreUser(saved);
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
-		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													 SPI_tuptable->tupdesc, 1, &isnull));
-		Datum		parent = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull);
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+													 Anum_deleted_id, &isnull));
+		Datum		parent = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+										   Anum_deleted_parent_id, &isnull);
 
 		NoteOnCommit(id, NOTE_RELOAD_FLOW, true);
 		/* The flow asked for was a child: its parent stops waiting for it. */
@@ -515,6 +551,17 @@ dwarf_worker_stats(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/* What dwarf.replay_state replays from: the graph, and where the flow began. */
+enum
+{
+	Anum_replayflow_definition = 1,
+	Anum_replayflow_input,
+	Anum_replayflow_start_task
+};
+#define REPLAY_FLOW_SQL \
+	"SELECT g.definition, f.input, f.start_task FROM dwarf.flow_all f" \
+	" JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1"
+
 DWARF_FUNCTION(dwarf_replay_state);
 
 /*
@@ -550,9 +597,7 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 		args[1] = PG_GETARG_DATUM(1);
 
 	Connect();
-	Exec("SELECT g.definition, f.input, f.start_task FROM dwarf.flow_all f"
-		 " JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1",
-		 1, types, args, NULL, SPI_OK_SELECT);
+	Exec(REPLAY_FLOW_SQL, 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 	{
 		SPI_finish();
@@ -564,14 +609,15 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 	 */
 	saved = BecomeOwner();
 	graph = GraphParse(DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-													1, &isnull)),
+													Anum_replayflow_definition, &isnull)),
 					   CurrentMemoryContext, false);
 	RestoreUser(saved);
 	flow.id = flow_id;
 	FlowRunCreate(&flow, graph,
-				  GraphStartNode(graph, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3)),
+				  GraphStartNode(graph, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+													 Anum_replayflow_start_task)),
 				  DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-											   2, &isnull)),
+											   Anum_replayflow_input, &isnull)),
 				  CurrentMemoryContext);
 
 	Exec(STEP_ROWS_ALL_SQL " AND ($2::bigint IS NULL OR step_id < $2) ORDER BY step_id",
