@@ -7,6 +7,8 @@ OBJS = \
 	src/shmem.o \
 	src/launcher.o \
 	src/worker.o \
+	src/intake.o \
+	src/request.o \
 	src/step.o \
 	src/runner.o \
 	src/crashes.o \
@@ -53,4 +55,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h
+$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h

@@ -41,6 +41,7 @@
 #include "flowrun.h"
 #include "json.h"
 #include "flows.h"
+#include "request.h"
 
 /* ---------- define ---------- */
 
@@ -467,187 +468,44 @@ dwarf_await(PG_FUNCTION_ARGS)
 
 /* ---------- run ---------- */
 
-/* Waits (briefly) for the worker that will own flow_id to be running. */
-static DwarfWorkerSlot *
-WaitForOwner(int64 flow_id)
-{
-	int			tries;
-
-	if (Dwarf == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("dwarf is not loaded through shared_preload_libraries"),
-				 errhint("Add dwarf to shared_preload_libraries and restart the server.")));
-	for (tries = 0; tries < 500; tries++)
-	{
-		DwarfWorkerSlot *slot = DwarfOwnerSlot(MyDatabaseId, flow_id);
-
-		if (slot)
-			return slot;
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 10, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-	}
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("no dwarf worker is running in this database"),
-			 errhint("Check max_worker_processes and the server log.")));
-	return NULL;
-}
-
 /*
- * Hands the create to the owning worker, which commits it (batched with
- * other callers' creates) and answers with the flow id.
+ * Hands the create to the worker that will own the flow (request.c), which
+ * commits it, batched with other callers' creates, and answers with the
+ * flow id.
  */
 static int64
 CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options,
-					TimestampTz deadline)
+					TimestampTz deadline, RunOutcome *outcome)
 {
-	DwarfRequest *req;
-	RunRequest *r;
-	dsm_segment *seg;
-	Size		keylen = key ? VARSIZE_ANY_EXHDR(key) : 0;
-	Size		inputlen = VARSIZE(input);
-	Size		optionslen = VARSIZE(options);
-	Size		size;
-	int64		flow_id;
-	DwarfWorkerSlot *slot;
-	volatile int64 result = 0;
-	char		errmsg_buf[256];
-	volatile int sqlerrcode = 0;
-	volatile DwarfRequestState state = REQ_SUBMITTED;
-
 	int32		graph_id;
+	int64		flow_id;
 
 	CheckInput(input);
-	Connect();
 	graph_id = LatestGraph(graph, true);
-	SPI_finish();
 	flow_id = NewFlowId();
-	slot = WaitForOwner(flow_id);
+	return RequestCreate(RequestOwner(flow_id), flow_id, graph_id, priority, key, input,
+						 options, deadline, outcome);
+}
 
-	/*
-	 * A small request travels in our request slot, a larger one in DSM.  A
-	 * request we gave up on may still be being read by a worker: wait for
-	 * its answer before reusing the slot.
-	 */
-	req = &Dwarf->requests[MyProc->pgprocno];
-	for (;;)
+/* The outcome of a flow that closed as it was created, as ReadOutcome reads it. */
+static void
+ClosedOutcome(int64 flow_id, RunOutcome *outcome, Datum *values, bool *nulls)
+{
+	memset(nulls, true, sizeof(bool) * 6);
+	values[0] = Int64GetDatum(flow_id);
+	nulls[0] = false;
+	values[1] = CStringGetTextDatum(outcome->completed ? "completed" : "failed");
+	nulls[1] = false;
+	if (outcome->state)
 	{
-		DwarfRequestState prev;
-
-		SpinLockAcquire(&req->mutex);
-		prev = req->state;
-		if (prev != REQ_TAKEN)
-			req->state = REQ_FREE;
-		SpinLockRelease(&req->mutex);
-		if (prev != REQ_TAKEN)
-			break;
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 10, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
+		values[2] = JsonbPGetDatum(outcome->state);
+		nulls[2] = false;
 	}
-	size = offsetof(RunRequest, data) + keylen + inputlen + optionslen;
-	if (size <= DWARF_INLINE_REQUEST)
+	if (outcome->error)
 	{
-		seg = NULL;
-		r = (RunRequest *) req->body;
+		values[3] = CStringGetTextDatum(outcome->error);
+		nulls[3] = false;
 	}
-	else
-	{
-		seg = dsm_create(size, 0);
-		r = dsm_segment_address(seg);
-	}
-	r->flow_id = flow_id;
-	r->graph_id = graph_id;
-	r->owner = GetUserId();
-	r->priority = priority;
-	r->keylen = keylen;
-	r->inputlen = inputlen;
-	if (keylen)
-		memcpy(r->data, VARDATA_ANY(key), keylen);
-	memcpy(r->data + keylen, input, inputlen);
-	memcpy(r->data + keylen + inputlen, options, optionslen);
-
-	SpinLockAcquire(&req->mutex);
-	req->state = REQ_SUBMITTED;
-	req->handle = seg ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
-	req->flow_id = 0;
-	SpinLockRelease(&req->mutex);
-
-	PG_TRY();
-	{
-		while (!DwarfPushNote(slot, MyProc->pgprocno, NOTE_RUN_REQUEST))
-		{
-			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 1, PG_WAIT_EXTENSION);
-			ResetLatch(MyLatch);
-			CHECK_FOR_INTERRUPTS();
-		}
-		for (;;)
-		{
-			SpinLockAcquire(&req->mutex);
-			state = req->state;
-			result = req->flow_id;
-			strlcpy(errmsg_buf, req->errmsg, sizeof(errmsg_buf));
-			sqlerrcode = req->sqlerrcode;
-			SpinLockRelease(&req->mutex);
-			if (state != REQ_SUBMITTED && state != REQ_TAKEN)
-				break;
-			if (slot->pid == 0)
-				ereport(ERROR,
-						(errcode(ERRCODE_CONNECTION_FAILURE),
-						 errmsg("the dwarf worker exited before creating the flow")));
-			/*
-			 * Past the deadline, give up only on a request no worker has
-			 * taken yet.  A taken one is being committed: wait for its
-			 * answer, so that no flow is created behind an error.
-			 */
-			if (GetCurrentTimestamp() >= deadline)
-			{
-				bool		abandoned;
-
-				SpinLockAcquire(&req->mutex);
-				abandoned = req->state == REQ_SUBMITTED;
-				if (abandoned)
-					req->state = REQ_ABANDONED;
-				SpinLockRelease(&req->mutex);
-				if (abandoned)
-					ereport(ERROR,
-							(errcode(ERRCODE_QUERY_CANCELED),
-							 errmsg("dwarf.run timed out before the engine created the flow"),
-							 errdetail("No flow was created."),
-							 errhint("The workers of this database may be overloaded or stuck; see dwarf.stats.")));
-			}
-			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 Min(1000, Max(10, TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-																		  deadline))),
-							 PG_WAIT_EXTENSION);
-			ResetLatch(MyLatch);
-			CHECK_FOR_INTERRUPTS();
-		}
-	}
-	PG_FINALLY();
-	{
-		SpinLockAcquire(&req->mutex);
-		if (req->state != REQ_TAKEN)
-		{
-			req->state = REQ_FREE;
-			req->handle = DSM_HANDLE_INVALID;
-		}
-		SpinLockRelease(&req->mutex);
-		if (seg)
-			dsm_detach(seg);
-	}
-	PG_END_TRY();
-
-	if (state == REQ_FAILED)
-		ereport(ERROR,
-				(errcode(sqlerrcode ? sqlerrcode : ERRCODE_INTERNAL_ERROR),
-				 errmsg("dwarf could not create the flow: %s", errmsg_buf)));
-	return result;
 }
 
 DWARF_FUNCTION(dwarf_run);
@@ -665,6 +523,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 	int64		timeout_ms;
 	int64		flow_id;
 	TimestampTz deadline;
+	RunOutcome	outcome;
 
 	CheckNotStandby("dwarf.run");
 	CheckNotNull(fcinfo, 0, "graph");
@@ -684,8 +543,14 @@ dwarf_run(PG_FUNCTION_ARGS)
 								  KeyArg(fcinfo, 4, "idempotency_key"),
 								  OptionsFromArgs(fcinfo, 5),
 								  Max(deadline, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-																			10000)));
-	AwaitFlow(flow_id, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
-			  values, nulls, true);
+																			10000)),
+								  &outcome);
+
+	/* Usually it closed in the commit that created it, and we know how. */
+	if (outcome.closed)
+		ClosedOutcome(flow_id, &outcome, values, nulls);
+	else
+		AwaitFlow(flow_id, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
+				  values, nulls, true);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }

@@ -14,12 +14,18 @@
 
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "commands/sequence.h"
+#include "executor/tuptable.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
@@ -29,6 +35,7 @@
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
+#include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -229,35 +236,58 @@ Connect(void)
 }
 
 /*
- * The id of the latest version of a graph, or an error naming it.  With
- * committed, the version must not be one this transaction defined: the
- * engine, outside this transaction, could not see it.
+ * The id of a graph's latest version (visible to the active snapshot).
+ * With committed, a version defined in this very transaction is an error:
+ * a worker, which cannot see it, is to run the flow.  Read by index
+ * directly, not by a statement: dwarf.run looks a graph up on every call,
+ * and graph rows, readable by everyone, never change.
  */
+#define Anum_graph_id 1			/* dwarf.graph's first column */
+
 int32
 LatestGraph(text *name, bool committed)
 {
-	static SPIPlanPtr plan = NULL;
-	Oid			types[1] = {TEXTOID};
-	Datum		args[1] = {PointerGetDatum(name)};
-	bool		isnull;
+	Oid			nsp = get_namespace_oid("dwarf", false);
+	Relation	rel = table_open(get_relname_relid("graph", nsp), AccessShareLock);
+	Relation	index = index_open(get_relname_relid("graph_name_version_key", nsp),
+								   AccessShareLock);
+	ScanKeyData key;
+	IndexScanDesc scan;
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	bool		found;
+	int32		id = 0;
+	TransactionId xmin = InvalidTransactionId;
 
-	ExecKept(&plan, "SELECT id, xmin FROM dwarf.graph WHERE name = $1 ORDER BY version DESC LIMIT 1",
-			 1, types, args, SPI_OK_SELECT);
-	if (SPI_processed == 0)
+	ScanKeyEntryInitialize(&key, 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ, PointerGetDatum(name));
+	scan = index_beginscan(rel, index, GetActiveSnapshot(), 1, 0);
+	index_rescan(scan, &key, 1, NULL, 0);
+	found = index_getnext_slot(scan, BackwardScanDirection, slot);	/* highest version */
+	if (found)
+	{
+		bool		isnull;
+
+		id = DatumGetInt32(slot_getattr(slot, Anum_graph_id, &isnull));
+		xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber,
+													 &isnull));
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	table_close(rel, AccessShareLock);
+
+	if (!found)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("graph \"%s\" does not exist", text_to_cstring(name)),
 				 errhint("Define it with dwarf.define().")));
-	if (committed &&
-		TransactionIdIsCurrentTransactionId(DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
-																				SPI_tuptable->tupdesc,
-																				2, &isnull))))
+	if (committed && TransactionIdIsCurrentTransactionId(xmin))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("graph \"%s\" was defined in this transaction", text_to_cstring(name)),
 				 errdetail("dwarf.run commits its flow on its own, where this version is not visible yet."),
 				 errhint("Commit the definition first, or use dwarf.create() and commit.")));
-	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	return id;
 }
 
 void
@@ -293,15 +323,12 @@ CheckNotStandby(const char *function)
 int64
 NewFlowId(void)
 {
-	SavedUser	saved;
 	Oid			seq;
 	int64		value;
 
 	CheckNotStandby("dwarf");
-	saved = BecomeOwner();
 	seq = get_relname_relid("flow_seq", get_namespace_oid("dwarf", false));
-	value = DatumGetInt64(DirectFunctionCall1(nextval_oid, ObjectIdGetDatum(seq)));
-	RestoreUser(saved);
+	value = nextval_internal(seq, false);	/* dwarf's own: no privilege to check */
 	if (value >= (INT64CONST(1) << DWARF_EPOCH_SHIFT))
 		ereport(ERROR,
 				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
@@ -329,6 +356,20 @@ int64
 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 		   text *key, Jsonb *input, Jsonb *options, bool *is_new)
 {
+	return InsertFlowRow(flow_id, graph_id, owner, priority, key, input, options, is_new,
+						 NULL, NULL);
+}
+
+/*
+ * InsertFlow, and a new flow's row as a worker takes it in (flows.h), in
+ * *row and *desc when they are given and the flow is new: the worker that
+ * creates a flow for dwarf.run puts it in memory without reading it back.
+ */
+int64
+InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
+			  text *key, Jsonb *input, Jsonb *options, bool *is_new,
+			  HeapTuple *row, TupleDesc *desc)
+{
 	Datum		args[7];
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
@@ -341,7 +382,7 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 		Oid			keytypes[2] = {OIDOID, TEXTOID};
 
 		InsertFlowPlan = PrepareKept(
-			"INSERT INTO dwarf.flow (id, graph_id, owner, priority, idempotency_key, input,"
+			"INSERT INTO dwarf.flow AS f (id, graph_id, owner, priority, idempotency_key, input,"
 			" fairness_key, fairness_weight, time_budget, delete_on_completion, baggage,"
 			" thread, start_task, parent_id, parent_key)"
 			" VALUES ($1, $2, $3::regrole, $4, $5, $6, $7->>'fairness_key',"
@@ -349,7 +390,7 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 			" coalesce(($7->>'delete_on_completion')::boolean, false), $7->'baggage',"
 			" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key')"
 			" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
-			" RETURNING id", 7, types);
+			" RETURNING " FLOW_ROW_COLUMNS, 7, types);
 		FindKeyPlan = PrepareKept(
 			"SELECT id FROM dwarf.flow_all WHERE owner = $1::regrole AND idempotency_key = $2",
 			2, keytypes);
@@ -374,6 +415,11 @@ InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 		elog(ERROR, "dwarf: could not insert a flow");
 	*is_new = SPI_processed == 1;
 	id = flow_id;
+	if (row && *is_new)
+	{
+		*row = SPI_copytuple(SPI_tuptable->vals[0]);
+		*desc = CreateTupleDescCopy(SPI_tuptable->tupdesc);
+	}
 
 	/*
 	 * The key may belong to a flow dwarf.maintain has archived: then that

@@ -52,6 +52,58 @@ extern int32 LatestGraph(text *name, bool committed);
 extern int64 NewFlowId(void);
 extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 						text *key, Jsonb *input, Jsonb *options, bool *is_new);
+extern int64 InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
+						   text *key, Jsonb *input, Jsonb *options, bool *is_new,
+						   HeapTuple *row, TupleDesc *desc);
+
+/* A flow's row as a worker takes it in (see FLOW_ROW_COLUMNS). */
+typedef struct FlowRow
+{
+	int64		id;
+	int32		graph_id;
+	Oid			owner;
+	int32		priority;
+	Jsonb	   *input;
+	Jsonb	   *resume_data;	/* NULL: none */
+	Jsonb	   *baggage;		/* NULL: none */
+	char	   *fairness_key;	/* NULL: none */
+	int32		fairness_weight;
+	int64		time_budget_ms; /* 0: none */
+	bool		delete_on_completion;
+	char	   *start_task;		/* NULL: the graph's entry */
+	int64		parent_id;		/* 0: none */
+	bool		orphan;			/* a child whose parent has closed or gone */
+} FlowRow;
+
+/*
+ * A flow's row as a worker takes it in: what LoadFlows reads of the flows
+ * it loads, and what InsertFlowRow returns of a flow it creates (table
+ * alias f).  "orphan": a child whose parent has closed or gone.
+ */
+enum
+{
+	Anum_flowrow_id = 1,
+	Anum_flowrow_graph_id,
+	Anum_flowrow_owner,
+	Anum_flowrow_priority,
+	Anum_flowrow_input,
+	Anum_flowrow_resume_data,
+	Anum_flowrow_baggage,
+	Anum_flowrow_fairness_key,
+	Anum_flowrow_fairness_weight,
+	Anum_flowrow_time_budget_ms,
+	Anum_flowrow_delete_on_completion,
+	Anum_flowrow_start_task,
+	Anum_flowrow_parent_id,
+	Anum_flowrow_orphan
+};
+#define FLOW_ROW_COLUMNS \
+	"f.id, f.graph_id, f.owner::oid, f.priority, f.input, f.resume_data, f.baggage," \
+	" f.fairness_key, f.fairness_weight," \
+	" (extract(epoch FROM f.time_budget) * 1000)::bigint, f.delete_on_completion, f.start_task," \
+	" f.parent_id," \
+	" f.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id" \
+	"  AND p.status IN ('running', 'interrupted'))"
 
 /* ---------- arguments ---------- */
 

@@ -420,7 +420,7 @@ DwarfRunnerMain(Datum arg)
 		token->queued = false;
 		token->running = true;
 		MemoryContextSwitchTo(Worker.batch_context);
-		RunEntries(list_make1(entry), true, true);
+		RunEntries(list_make1(entry), true, true, NIL);
 		while (RunAloneStep())	/* it met a lock conflict: again */
 			;
 	}

@@ -80,10 +80,15 @@ typedef struct DwarfRequest
 	int64		flow_id;		/* the flow to await (set when done) */
 	int			sqlerrcode;		/* why it failed (set when failed) */
 	char		errmsg[256];
+	/* when done: the flow's outcome, if it closed in the create's commit */
+	bool		closed;			/* the rest is set, and body holds them */
+	bool		completed;		/* else failed */
+	uint32		state_len;		/* bytes of the final state (jsonb), 0: none */
+	uint32		error_len;		/* bytes of the error, 0: none */
 	char		body[DWARF_INLINE_REQUEST] pg_attribute_aligned(MAXIMUM_ALIGNOF);	/* or here */
 } DwarfRequest;
 
-/* The body of a run request, in a DSM segment made by the caller. */
+/* The body of a run request, in the slot or a DSM segment (request.c). */
 typedef struct RunRequest
 {
 	int64		flow_id;
@@ -92,7 +97,8 @@ typedef struct RunRequest
 	int32		priority;
 	int32		keylen;			/* idempotency key bytes, 0 if none */
 	Size		inputlen;		/* bytes of the flat jsonb input */
-	char		data[FLEXIBLE_ARRAY_MEMBER];	/* key, input, options (jsonb) */
+	Size		optionslen;		/* bytes of the flat jsonb options */
+	char		data[FLEXIBLE_ARRAY_MEMBER];	/* input, options (jsonb, aligned), key */
 } RunRequest;
 
 /*

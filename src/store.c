@@ -15,6 +15,7 @@
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "executor/spi.h"
 #include "pgstat.h"
 #include "utils/array.h"
@@ -59,32 +60,10 @@ static HTAB *Graphs = NULL;		/* compiled graph versions by id */
 
 static SPIPlanPtr CloseFlowPlan = NULL;
 
-/* A flow's row as AddFlow reads it, for the flows the condition picks. */
-enum
-{
-	Anum_loadflow_id = 1,
-	Anum_loadflow_graph_id,
-	Anum_loadflow_owner,
-	Anum_loadflow_priority,
-	Anum_loadflow_input,
-	Anum_loadflow_resume_data,
-	Anum_loadflow_baggage,
-	Anum_loadflow_fairness_key,
-	Anum_loadflow_fairness_weight,
-	Anum_loadflow_time_budget_ms,
-	Anum_loadflow_delete_on_completion,
-	Anum_loadflow_start_task,
-	Anum_loadflow_parent_id,
-	Anum_loadflow_orphan
-};
+/* The flows the condition picks, read as a worker takes a flow in (flows.h). */
 #define LOAD_FLOWS_SQL(condition) \
-	"SELECT id, graph_id, owner::oid, priority, input, resume_data, baggage," \
-	" fairness_key, fairness_weight," \
-	" (extract(epoch FROM time_budget) * 1000)::bigint, delete_on_completion, start_task," \
-	" parent_id," \
-	" parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id" \
-	"  AND p.status IN ('running', 'interrupted'))" \
-	" FROM dwarf.flow f WHERE " condition " AND status IN ('running', 'interrupted')"
+	"SELECT " FLOW_ROW_COLUMNS " FROM dwarf.flow f WHERE " condition \
+	" AND status IN ('running', 'interrupted')"
 
 /* Up to this many flows to load are read one by one (see PreparePlans). */
 #define LOAD_ONE_BY_ONE 16
@@ -402,27 +381,52 @@ ApplyResume(FlowRun *flow, Jsonb *data)
 		ParkRow(flow, token);
 }
 
-/*
- * Puts a flow in memory from its row as LoadFlowsPlan reads it (and, with
- * replay, its steps).  Returns the flow, or NULL when it cannot run.
- */
-static FlowRun *
-AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
+/* A flow's row as LoadFlowsPlan reads it (and InsertFlowRow returns it). */
+void
+FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row)
 {
 	bool		isnull;
-	int64		id = DatumGetInt64(SPI_getbinval(tup, desc, Anum_loadflow_id, &isnull));
-	int32		graph_id = DatumGetInt32(SPI_getbinval(tup, desc, Anum_loadflow_graph_id, &isnull));
-	Graph	   *graph = GetGraph(graph_id);
+	Datum		d;
+
+	memset(row, 0, sizeof(FlowRow));
+	row->id = DatumGetInt64(SPI_getbinval(tup, desc, Anum_flowrow_id, &isnull));
+	row->graph_id = DatumGetInt32(SPI_getbinval(tup, desc, Anum_flowrow_graph_id, &isnull));
+	row->owner = DatumGetObjectId(SPI_getbinval(tup, desc, Anum_flowrow_owner, &isnull));
+	row->priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_flowrow_priority, &isnull));
+	row->input = DatumGetJsonbP(SPI_getbinval(tup, desc, Anum_flowrow_input, &isnull));
+	d = SPI_getbinval(tup, desc, Anum_flowrow_resume_data, &isnull);
+	row->resume_data = isnull ? NULL : DatumGetJsonbP(d);
+	d = SPI_getbinval(tup, desc, Anum_flowrow_baggage, &isnull);
+	row->baggage = isnull ? NULL : DatumGetJsonbP(d);
+	row->fairness_key = SPI_getvalue(tup, desc, Anum_flowrow_fairness_key);
+	row->fairness_weight = DatumGetInt32(SPI_getbinval(tup, desc, Anum_flowrow_fairness_weight, &isnull));
+	d = SPI_getbinval(tup, desc, Anum_flowrow_time_budget_ms, &isnull);
+	row->time_budget_ms = isnull ? 0 : DatumGetInt64(d);
+	row->delete_on_completion = DatumGetBool(SPI_getbinval(tup, desc, Anum_flowrow_delete_on_completion, &isnull));
+	row->start_task = SPI_getvalue(tup, desc, Anum_flowrow_start_task);
+	d = SPI_getbinval(tup, desc, Anum_flowrow_parent_id, &isnull);
+	row->parent_id = isnull ? 0 : DatumGetInt64(d);
+	row->orphan = DatumGetBool(SPI_getbinval(tup, desc, Anum_flowrow_orphan, &isnull));
+}
+
+/*
+ * Puts a flow in memory from its row (and, with replay, its steps).
+ * Returns the flow, or NULL when it cannot run.
+ */
+static FlowRun *
+AddFlow(const FlowRow *row, bool replay)
+{
+	int64		id = row->id;
+	Graph	   *graph = GetGraph(row->graph_id);
 	bool		found;
 	FlowRun    *flow;
-	Datum		d;
 	MemoryContext old;
 
 	/*
 	 * A child whose parent was cancelled (or deleted) before the child was
 	 * committed missed the cancel's cascade: it goes the same way now.
 	 */
-	if (DatumGetBool(SPI_getbinval(tup, desc, Anum_loadflow_orphan, &isnull)))
+	if (row->orphan)
 	{
 		Datum		arg = Int64GetDatum(id);
 
@@ -438,7 +442,7 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 		 * flow can never run: fail it.
 		 */
 		Datum		args[2] = {Int64GetDatum(id),
-			CStringGetTextDatum(psprintf("graph version %d of this flow does not exist", graph_id))};
+			CStringGetTextDatum(psprintf("graph version %d of this flow does not exist", row->graph_id))};
 
 		if (SPI_execute_plan(FailFlowPlan, args, NULL, false, 0) != SPI_OK_UPDATE)
 			elog(ERROR, "dwarf: could not fail flow " INT64_FORMAT, id);
@@ -447,21 +451,17 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 	flow = hash_search(Worker.flows, &id, HASH_ENTER, &found);
 	if (found)
 		return flow;
-	FlowRunCreate(flow, graph, GraphStartNode(graph, SPI_getvalue(tup, desc, Anum_loadflow_start_task)),
-				  DatumGetJsonbP(SPI_getbinval(tup, desc, Anum_loadflow_input, &isnull)), Worker.context);
-	flow->owner = DatumGetObjectId(SPI_getbinval(tup, desc, Anum_loadflow_owner, &isnull));
-	flow->priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_loadflow_priority, &isnull));
+	FlowRunCreate(flow, graph, GraphStartNode(graph, row->start_task), row->input, Worker.context);
+	flow->owner = row->owner;
+	flow->priority = row->priority;
 	old = MemoryContextSwitchTo(flow->cxt);
-	d = SPI_getbinval(tup, desc, Anum_loadflow_baggage, &isnull);
-	flow->baggage = isnull ? NULL : (Jsonb *) PG_DETOAST_DATUM_COPY(d);
-	flow->fairness_key = SPI_getvalue(tup, desc, Anum_loadflow_fairness_key);
+	flow->baggage = row->baggage ? (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(row->baggage)) : NULL;
+	flow->fairness_key = row->fairness_key ? pstrdup(row->fairness_key) : NULL;
 	MemoryContextSwitchTo(old);
-	flow->fairness_weight = DatumGetInt32(SPI_getbinval(tup, desc, Anum_loadflow_fairness_weight, &isnull));
-	d = SPI_getbinval(tup, desc, Anum_loadflow_time_budget_ms, &isnull);
-	flow->time_budget_ms = isnull ? 0 : DatumGetInt64(d);
-	flow->delete_on_completion = DatumGetBool(SPI_getbinval(tup, desc, Anum_loadflow_delete_on_completion, &isnull));
-	d = SPI_getbinval(tup, desc, Anum_loadflow_parent_id, &isnull);
-	flow->parent_id = isnull ? 0 : DatumGetInt64(d);
+	flow->fairness_weight = row->fairness_weight;
+	flow->time_budget_ms = row->time_budget_ms;
+	flow->delete_on_completion = row->delete_on_completion;
+	flow->parent_id = row->parent_id;
 	if (replay)
 	{
 		ListCell   *lc;
@@ -473,6 +473,7 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 		{
 			Token	   *token = lfirst(lc);
 			Datum		child = Int64GetDatum(token->child);
+			bool		isnull;
 
 			if (token->child == 0)
 				continue;
@@ -490,6 +491,17 @@ AddFlow(HeapTuple tup, TupleDesc desc, bool replay)
 }
 
 /*
+ * Puts in memory a flow this worker has just created, from its row (what
+ * InsertFlowRow returned, or what InsertFlowDirect wrote).  Returns NULL
+ * when it cannot run.
+ */
+FlowRun *
+TakeInFlow(const FlowRow *row)
+{
+	return AddFlow(row, false);
+}
+
+/*
  * Puts in memory the flows of the last load statement's rows.  Adds the
  * ids of those that cannot load to failed, and the flows found closed
  * (their close just written) to *closed, in outer.
@@ -503,16 +515,14 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 
 	for (i = 0; i < count; i++)
 	{
-		HeapTuple	tup = tuptable->vals[i];
-		TupleDesc	desc = tuptable->tupdesc;
-		bool		isnull;
+		FlowRow		row;
 		FlowRun    *flow;
-		Datum		d;
 
-		flow = AddFlow(tup, desc, any_replay);
+		FlowRowFromTuple(tuptable->vals[i], tuptable->tupdesc, &row);
+		flow = AddFlow(&row, any_replay);
 		if (flow == NULL)
 		{
-			failed[(*nfailed)++] = DatumGetInt64(SPI_getbinval(tup, desc, Anum_loadflow_id, &isnull));
+			failed[(*nfailed)++] = row.id;
 			continue;
 		}
 		/*
@@ -521,9 +531,8 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 		 */
 		if (Worker.is_runner)
 			continue;
-		d = SPI_getbinval(tup, desc, Anum_loadflow_resume_data, &isnull);
-		if (!isnull)
-			ApplyResume(flow, DatumGetJsonbP(d));
+		if (row.resume_data)
+			ApplyResume(flow, row.resume_data);
 		if (flow->status != FLOW_RUNNING)
 		{
 			MemoryContext old;
@@ -688,8 +697,7 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	 * names the shard that holds it.
 	 */
 	values[1] = Int64GetDatum((flow->id & ~((INT64CONST(1) << DWARF_SHARD_SHIFT) - 1)) |
-							  DatumGetInt64(DirectFunctionCall1(nextval_oid,
-																ObjectIdGetDatum(Steps.seq))));
+							  nextval_internal(Steps.seq, false));	/* ours */
 	values[2] = Int32GetDatum(token_id);
 	values[3] = CStringGetTextDatum(graph->nodes[node].name);
 	values[4] = CStringGetTextDatum(status[outcome->kind]);

@@ -65,183 +65,6 @@ WorkerState Worker = {.full_scan = true};
 static bool IsolateNext = false;
 static List *Alone = NIL;		/* ReadyEntries to run one per transaction */
 
-/* ---------- dwarf.run's create requests ---------- */
-
-typedef struct Created
-{
-	int			procno;
-	int64		flow_id;
-	bool		is_new;
-} Created;
-
-static List *Unanswered = NIL;	/* created, to answer once flushed (Worker.context) */
-static XLogRecPtr CreatedEnd = InvalidXLogRecPtr;	/* the creates' commit */
-
-static void
-AnswerRequest(int procno, DwarfRequestState state, int64 flow_id, ErrorData *edata)
-{
-	DwarfRequest *req = &Dwarf->requests[procno];
-
-	SpinLockAcquire(&req->mutex);
-	if (req->state == REQ_SUBMITTED || req->state == REQ_TAKEN)
-	{
-		req->state = state;
-		req->flow_id = flow_id;
-		req->sqlerrcode = edata ? edata->sqlerrcode : 0;
-		strlcpy(req->errmsg, edata && edata->message ? edata->message : "", sizeof(req->errmsg));
-	}
-	SpinLockRelease(&req->mutex);
-	SetLatch(&ProcGlobal->allProcs[procno].procLatch);
-}
-
-/* Inserts one request's flow; idempotency key conflicts find the first flow. */
-static void
-InsertRequestedFlow(RunRequest *r, Created *c)
-{
-	text	   *key = r->keylen > 0 ? cstring_to_text_with_len(r->data, r->keylen) : NULL;
-	Jsonb	   *input = (Jsonb *) (r->data + r->keylen);
-	Jsonb	   *options = (Jsonb *) (r->data + r->keylen + r->inputlen);
-
-	c->flow_id = InsertFlow(r->flow_id, r->graph_id, r->owner, r->priority, key,
-							input, options, &c->is_new);
-}
-
-/*
- * Commits the flows that dwarf.run callers handed over, all in one
- * transaction, then tells each caller its flow id.  The new flows are ours
- * (callers pick the owning worker): they are loaded right after.
- */
-static void
-ProcessRunRequests(List *procnos)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	List	   *volatile created = NIL;
-	ListCell   *lc;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	SPI_connect();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	PreparePlans();
-
-	/*
-	 * The creates need not wait for their own WAL flush: the callers are
-	 * answered only once it is flushed (AnswerCreated), which the batch
-	 * that runs the new flows' first steps, right after, usually does.
-	 */
-	(void) set_config_option("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION,
-							 GUC_ACTION_LOCAL, true, 0, false);
-	PG_TRY();
-	{
-		foreach(lc, procnos)
-		{
-			int			procno = lfirst_int(lc);
-			DwarfRequest *req = &Dwarf->requests[procno];
-			dsm_handle	handle;
-			dsm_segment *seg;
-			Created    *c;
-
-			bool		submitted;
-
-			SpinLockAcquire(&req->mutex);
-			submitted = req->state == REQ_SUBMITTED;
-			if (submitted)
-				req->state = REQ_TAKEN;
-			handle = req->handle;
-			SpinLockRelease(&req->mutex);
-			if (!submitted)
-				continue;		/* the caller gave up */
-			seg = NULL;
-			if (handle != DSM_HANDLE_INVALID && (seg = dsm_attach(handle)) == NULL)
-				continue;		/* the caller gave up */
-
-			c = MemoryContextAllocZero(Worker.context, sizeof(Created));
-			c->procno = procno;
-			{
-				MemoryContext old = MemoryContextSwitchTo(cxt);
-
-				/* The caller leaves the body alone while it is submitted. */
-				InsertRequestedFlow(seg ? dsm_segment_address(seg) : (RunRequest *) req->body, c);
-				created = lappend(created, c);
-				MemoryContextSwitchTo(old);
-			}
-			if (seg)
-				dsm_detach(seg);
-		}
-		PopActiveSnapshot();
-		SPI_finish();
-		CommitTransactionCommand();
-		MemoryContextSwitchTo(cxt); /* the commit left us in TopMemoryContext */
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		if (list_length(procnos) == 1)
-		{
-			AnswerRequest(linitial_int(procnos), REQ_FAILED, 0, edata);
-			return;
-		}
-
-		/*
-		 * One request spoilt the transaction for all: give each back and
-		 * create them one at a time, so that only the bad one fails.
-		 */
-		foreach(lc, procnos)
-		{
-			DwarfRequest *req = &Dwarf->requests[lfirst_int(lc)];
-
-			SpinLockAcquire(&req->mutex);
-			if (req->state == REQ_TAKEN)
-				req->state = REQ_SUBMITTED;
-			SpinLockRelease(&req->mutex);
-		}
-		foreach(lc, procnos)
-			ProcessRunRequests(list_make1_int(lfirst_int(lc)));
-		return;
-	}
-	PG_END_TRY();
-
-	CreatedEnd = XactLastCommitEnd;
-	foreach(lc, created)
-	{
-		Created    *c = lfirst(lc);
-		MemoryContext old;
-
-		if (c->is_new)
-			NoteLoad(c->flow_id, false);
-		old = MemoryContextSwitchTo(Worker.context);
-		Unanswered = lappend(Unanswered, c);
-		MemoryContextSwitchTo(old);
-	}
-}
-
-/*
- * Tells the dwarf.run callers their flow ids, once the creates are on disk
- * (after the batch's synchronous commit, the flush costs nothing more).
- */
-static void
-AnswerCreated(void)
-{
-	ListCell   *lc;
-
-	if (Unanswered == NIL)
-		return;
-	XLogFlush(CreatedEnd);
-	foreach(lc, Unanswered)
-	{
-		Created    *c = lfirst(lc);
-
-		AnswerRequest(c->procno, REQ_DONE, c->flow_id, NULL);
-	}
-	list_free_deep(Unanswered);
-	Unanswered = NIL;
-}
-
 /* ---------- batches ---------- */
 
 /*
@@ -296,15 +119,28 @@ ChangedSince(uint32 *seen, int64 flow_id)
  * no one else sees any of them before the commit, and a rolled-back batch
  * takes them all back, so replay and exactly-once are unchanged.  A step
  * for a runner is not chained: it is lent once its input has committed.
+ *
+ * Successors go in at position at (-1: at the end), after the flow's
+ * entries that are there already.  The batch puts them right after their
+ * predecessor: flows go depth first, so that when the batch fills up its
+ * flows have completed one after another rather than all having moved on
+ * a step or two (and a dwarf.run caller whose flow completed in the commit
+ * that created it is told its outcome at once, see intake.c); a flow's
+ * branches still take turns.
  */
 static List *
-ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit)
+ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit, int at)
 {
 	TimestampTz now = 0;
 	ListCell   *lc;
+	MemoryContext old;
 
 	if (flow->status != FLOW_RUNNING || flow->priority > limit)
 		return batch;
+	/* after the flow's steps that are next already: its branches take turns */
+	while (at >= 0 && at < list_length(batch) &&
+		   ((ReadyEntry *) list_nth(batch, at))->flow_id == flow->id)
+		at++;
 	foreach(lc, flow->tokens)
 	{
 		Token	   *token = lfirst(lc);
@@ -320,9 +156,23 @@ ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit)
 			continue;			/* queued after the commit, and lent */
 		entry = NewReadyEntry(flow, token);
 		token->running = true;
-		batch = lappend(batch, entry);
+		old = MemoryContextSwitchTo(Worker.batch_context);	/* outlives the SPI call */
+		batch = at < 0 ? lappend(batch, entry) : list_insert_nth(batch, at++, entry);
+		MemoryContextSwitchTo(old);
 	}
 	return batch;
+}
+
+/* Starts a batch's transaction. */
+static void
+BeginBatch(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: running a batch");
+	PreparePlans();
 }
 
 /*
@@ -337,7 +187,7 @@ ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit)
  * a step's ready successors join the batch (ChainSuccessors).
  */
 void
-RunEntries(List *entries, bool isolated, bool alone)
+RunEntries(List *entries, bool isolated, bool alone, List *requests)
 {
 	List	   *volatile batch = entries;	/* grows as steps chain */
 	List	   *volatile broken = NIL;	/* entries whose flow must be
@@ -354,12 +204,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 
 	/* The batch may grow as steps chain, up to dwarf.batch_size. */
 	parked = palloc(sizeof(int64) * Max(list_length(batch), dwarf_batch_size));
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	SPI_connect();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, "dwarf: running a batch");
-	PreparePlans();
+	BeginBatch();
 	(void) ChangedSince(&seen, 0);
 	deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
 	if (!Worker.is_runner)
@@ -373,6 +218,23 @@ RunEntries(List *entries, bool isolated, bool alone)
 	 * first).
 	 */
 	chain_limit = Min(0, Min(DatabaseBestPriority(), OthersRunningPriority()));
+
+	/*
+	 * dwarf.run's creates join the batch: the new flows' first steps chain
+	 * into it, so that a short flow is created, run and closed in one
+	 * commit (intake.c).
+	 */
+	if (requests != NIL)
+	{
+		List	   *flows;
+		ListCell   *flc;
+
+		if (!IntakeInBatch(requests, &flows))
+			BeginBatch();		/* rolled back: they were created apart */
+		foreach(flc, flows)
+			batch = ChainSuccessors(batch, lfirst(flc), dwarf_batch_size, chain_limit, -1);
+		list_free(flows);
+	}
 
 	PG_TRY();
 	{
@@ -418,7 +280,10 @@ RunEntries(List *entries, bool isolated, bool alone)
 				continue;
 			}
 			if (flow->status != FLOW_RUNNING)
+			{
 				WriteClose(flow);
+				IntakeNoteClose(flow);
+			}
 			else if (token && token->parked && token->child == 0)
 			{
 				ParkRow(flow, token);
@@ -428,7 +293,8 @@ RunEntries(List *entries, bool isolated, bool alone)
 			else if (!alone)
 				batch = ChainSuccessors(batch, flow,
 										isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) :
-										dwarf_batch_size, chain_limit);
+										dwarf_batch_size, chain_limit,
+										foreach_current_index(lc) + 1);
 		}
 		CloseSteps();
 		PopActiveSnapshot();
@@ -457,6 +323,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
 						list_length(batch), edata->message)));
 		pg_atomic_fetch_add_u64(&Worker.slot->aborted_batches, 1);
+		IntakeRolledBack();		/* its creates are made again, apart */
 
 		/* The tables are the truth: reload every flow the batch touched. */
 		foreach(lc, batch)
@@ -501,6 +368,7 @@ RunEntries(List *entries, bool isolated, bool alone)
 	}
 	foreach(lc, broken)
 		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
+	IntakeCommitted();
 	pg_atomic_fetch_add_u64(&Worker.slot->steps, ran);
 	DwarfWakeWaiters(closed, nclosed);
 	DwarfWakeWaiters(parked, nparked);
@@ -557,7 +425,7 @@ RunAloneStep(void)
 		/* A reload since gave the flow new tokens, queued as usual. */
 		if (token && token->running && !token->queued && flow->status == FLOW_RUNNING)
 		{
-			RunEntries(list_make1(entry), true, true);
+			RunEntries(list_make1(entry), true, true, NIL);
 			return true;
 		}
 		pfree(entry);
@@ -565,25 +433,38 @@ RunAloneStep(void)
 	return false;
 }
 
+static bool BatchTakesRequests(void);
+
 /*
  * Runs the next batch: a step that must run alone, if one is waiting, else
  * up to dwarf.batch_size ready steps (fewer when isolated: each then has a
  * subtransaction).
  */
 static void
-RunBatch(void)
+RunBatch(List *requests)
 {
 	bool		isolated = IsolateNext;
 	List	   *batch;
 
+	Assert(requests == NIL || BatchTakesRequests());
 	if (RunAloneStep())
 		return;
 	batch = LendSlowSteps(PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
 								   : dwarf_batch_size));
-	if (batch == NIL)
+	if (batch == NIL && requests == NIL)
 		return;					/* an isolated batch is still owed: keep the flag */
 	IsolateNext = false;
-	RunEntries(batch, isolated, false);
+	RunEntries(batch, isolated, false, requests);
+}
+
+/*
+ * Does the next batch take dwarf.run's creates?  Not when it runs a step
+ * alone or isolated: a create's error would fail that batch.
+ */
+static bool
+BatchTakesRequests(void)
+{
+	return !IsolateNext && Alone == NIL;
 }
 
 /* ---------- notes and the main loop ---------- */
@@ -667,7 +548,7 @@ ExitIfNotInstalled(void)
 static void
 WorkerShutdown(int code, Datum arg)
 {
-	AnswerCreated();			/* their flows exist: say so, even as we go */
+	IntakeAnswer();				/* their flows exist: say so, even as we go */
 	SpinLockAcquire(&Worker.slot->mutex);
 	Worker.slot->latch = NULL;
 	Worker.slot->pid = 0;
@@ -741,14 +622,18 @@ DwarfWorkerMain(Datum arg)
 		MemoryContextSwitchTo(Worker.batch_context);
 		runner_timer = RunnerPoll();
 		(void) DrainNotes(&requests);
-		if (requests != NIL)
-			ProcessRunRequests(requests);
+		requests = IntakeRedo(requests);
+		if (requests != NIL && !BatchTakesRequests())
+		{
+			IntakeApart(requests);
+			requests = NIL;
+		}
 		if (Worker.to_load != NIL || Worker.full_scan)
 			LoadFlows();
 		MemoryContextSwitchTo(Worker.batch_context);	/* whatever a commit above left */
 		(void) MoveDueTimers();
-		RunBatch();
-		AnswerCreated();
+		RunBatch(requests);
+		IntakeAnswer();
 		pg_atomic_write_u64(&Worker.slot->ready, Worker.ready_count);
 		MemoryContextSwitchTo(TopMemoryContext);
 		MemoryContextReset(Worker.batch_context);

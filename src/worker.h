@@ -12,6 +12,7 @@
 
 #include "dwarf.h"
 #include "flowrun.h"
+#include "flows.h"
 #include "shmem.h"
 
 struct FairKey;
@@ -83,8 +84,17 @@ extern StepResult RunStep(FlowRun *flow, Token *token, bool isolated, bool share
 
 /* worker.c */
 extern void WorkerInit(void);
-extern void RunEntries(List *batch, bool isolated, bool alone);
+extern void RunEntries(List *batch, bool isolated, bool alone, List *requests);
 extern bool RunAloneStep(void);
+
+/* intake.c */
+extern void IntakeApart(List *procnos);
+extern bool IntakeInBatch(List *procnos, List **flows);
+extern void IntakeNoteClose(FlowRun *flow);
+extern void IntakeCommitted(void);
+extern void IntakeRolledBack(void);
+extern List *IntakeRedo(List *requests);
+extern void IntakeAnswer(void);
 
 /* runner.c */
 extern bool RunnerWants(FlowRun *flow, Token *token);
@@ -121,6 +131,8 @@ extern bool QueueHasReady(void);
 extern void StoreInit(void);
 extern void PreparePlans(void);
 extern void LoadFlows(void);
+extern void FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row);
+extern FlowRun *TakeInFlow(const FlowRow *row);
 extern void NoteLoad(int64 flow_id, bool replay);
 extern void DropFlow(FlowRun *flow);
 extern void WriteClose(FlowRun *flow);
