@@ -9,6 +9,7 @@ OBJS = \
 	src/worker.o \
 	src/intake.o \
 	src/request.o \
+	src/rows.o \
 	src/step.o \
 	src/runner.o \
 	src/crashes.o \
@@ -55,4 +56,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h
+$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h src/rows.h

@@ -5,7 +5,8 @@
  *		disk.
  *
  * Usually the creates join the next batch's transaction (IntakeInBatch):
- * the new flows are put in memory from the rows their inserts return, and
+ * the new flows are inserted directly (rows.c; with an idempotency key, by
+ * statement) and put in memory from the rows written, and
  * their first steps chain into the batch, so that a short flow is created,
  * run and closed in one commit.  If a create fails there, before any step
  * has run, the transaction is rolled back and the requests are created
@@ -33,6 +34,7 @@
 #include "flowrun.h"
 #include "flows.h"
 #include "request.h"
+#include "rows.h"
 #include "worker.h"
 
 /* A request whose flow this worker created (or found, by its key). */
@@ -190,24 +192,39 @@ IntakeInBatch(List *procnos, List **flows)
 		foreach(lc, procnos)
 		{
 			TakenRequest taken;
+			RunRequest *r;
 			HeapTuple	row;
 			TupleDesc	desc;
+			FlowRow		flowrow;
 			Created    *c;
 			MemoryContext old;
 
 			if (!RequestTake(lfirst_int(lc), &taken))
 				continue;
-			c = CreateRequested(&taken, &row, &desc);
+			r = taken.body;
+			if (taken.key == NULL &&
+				RowsInsertFlow(r->flow_id, r->graph_id, r->owner, r->priority, taken.input,
+							   taken.options, &flowrow))
+			{
+				c = MemoryContextAllocZero(Worker.context, sizeof(Created));
+				c->procno = taken.procno;
+				c->flow_id = r->flow_id;
+				c->is_new = true;
+				RequestRelease(&taken);
+			}
+			else
+			{
+				c = CreateRequested(&taken, &row, &desc);
+				if (c->is_new)
+					FlowRowFromTuple(row, desc, &flowrow);
+			}
 			old = MemoryContextSwitchTo(Worker.context);
 			InBatch = lappend(InBatch, c);
 			MemoryContextSwitchTo(old);
 			if (c->is_new)
 			{
-				FlowRow		flowrow;
-				FlowRun    *flow;
+				FlowRun    *flow = TakeInFlow(&flowrow);
 
-				FlowRowFromTuple(row, desc, &flowrow);
-				flow = TakeInFlow(&flowrow);
 				if (flow)
 					*flows = lappend(*flows, flow);
 			}
@@ -221,7 +238,7 @@ IntakeInBatch(List *procnos, List **flows)
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
-		ForgetSteps();
+		RowsForget();
 		ereport(DEBUG1,
 				(errmsg("dwarf: creating %d flows in a batch failed, creating them apart: %s",
 						list_length(procnos), edata->message)));

@@ -269,8 +269,11 @@ RequestTake(int procno, TakenRequest *taken)
 		return false;			/* the caller gave up: it answers itself */
 	r = taken->seg ? dsm_segment_address(taken->seg) : (RunRequest *) req->body;
 	taken->body = r;
-	taken->input = (Jsonb *) (r->data + INPUT_OFFSET);
-	taken->options = (Jsonb *) (r->data + OPTIONS_OFFSET(r));
+	/* copies: the body is the caller's again once answered */
+	taken->input = palloc(r->inputlen);
+	memcpy(taken->input, r->data + INPUT_OFFSET, r->inputlen);
+	taken->options = palloc(r->optionslen);
+	memcpy(taken->options, r->data + OPTIONS_OFFSET(r), r->optionslen);
 	taken->key = r->keylen > 0 ? cstring_to_text_with_len(r->data + KEY_OFFSET(r), r->keylen) : NULL;
 	return true;
 }

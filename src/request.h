@@ -36,7 +36,7 @@ extern int64 RequestCreate(DwarfWorkerSlot *owner, int64 flow_id, int32 graph_id
 
 /* ---------- the worker's end ---------- */
 
-/* A request a worker has taken: its body, valid until RequestRelease. */
+/* A request a worker has taken: body valid until RequestRelease, its parts copied. */
 typedef struct TakenRequest
 {
 	int			procno;			/* the caller's; names the request */

@@ -34,6 +34,7 @@
 #include "flowrun.h"
 #include "json.h"
 #include "flows.h"
+#include "rows.h"
 #include "worker.h"
 
 typedef struct GraphEntry
@@ -42,20 +43,7 @@ typedef struct GraphEntry
 	Graph	   *graph;
 } GraphEntry;
 
-/*
- * dwarf.step, opened once per batch for direct inserts.  The hot path
- * appends one row per step: forming the tuple and inserting it and its
- * index entries directly costs a fraction of an INSERT through the
- * executor (no plan, no expression setup per row).
- */
-typedef struct StepTable
-{
-	Relation	rel;
-	CatalogIndexState indexes;
-	Oid			seq;			/* dwarf.step_seq */
-} StepTable;
-
-static StepTable Steps = {NULL, NULL, InvalidOid};
+static Oid StepSeq = InvalidOid;	/* dwarf.step_seq */
 static HTAB *Graphs = NULL;		/* compiled graph versions by id */
 
 static SPIPlanPtr CloseFlowPlan = NULL;
@@ -303,6 +291,8 @@ WriteClose(FlowRun *flow)
 		return;
 	}
 
+	if (RowsCloseFlow(flow->id, flow->status == FLOW_COMPLETED, flow->final_state, flow->error))
+		return;
 	args[0] = Int64GetDatum(flow->id);
 	args[1] = CStringGetTextDatum(flow->status == FLOW_COMPLETED ? "completed" : "failed");
 	if (flow->final_state)
@@ -621,7 +611,7 @@ LoadFlows(void)
 		}
 	}
 
-	CloseSteps();
+	RowsEnd();
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
@@ -648,26 +638,6 @@ LoadFlows(void)
 	list_free_deep(items);
 }
 
-static void
-OpenSteps(void)
-{
-	Oid			nsp = get_namespace_oid("dwarf", false);
-
-	Steps.rel = table_open(get_relname_relid("step", nsp), RowExclusiveLock);
-	Steps.indexes = CatalogOpenIndexes(Steps.rel);
-	Steps.seq = get_relname_relid("step_seq", nsp);
-}
-
-void
-CloseSteps(void)
-{
-	if (Steps.rel == NULL)
-		return;
-	CatalogCloseIndexes(Steps.indexes);
-	table_close(Steps.rel, NoLock);
-	Steps.rel = NULL;
-}
-
 /* Appends the step's row to dwarf.step, in the batch's transaction. */
 void
 RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outcome,
@@ -677,16 +647,11 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 		"completed", "failed", "retry", "interrupted", "resumed", "waiting"
 	};
 	Graph	   *graph = flow->graph;
-	TupleDesc	desc;
 	Datum		values[13];
 	bool		nulls[13] = {0};
-	HeapTuple	tuple;
 
-	if (Steps.rel == NULL)
-		OpenSteps();
-	desc = RelationGetDescr(Steps.rel);
-	if (desc->natts != lengthof(values))
-		elog(ERROR, "dwarf: dwarf.step has %d columns, not %d", desc->natts, (int) lengthof(values));
+	if (!OidIsValid(StepSeq))
+		StepSeq = get_relname_relid("step_seq", get_namespace_oid("dwarf", false));
 
 	/* In the column order of dwarf.step. */
 	values[0] = Int64GetDatum(flow->id);
@@ -697,7 +662,7 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	 * names the shard that holds it.
 	 */
 	values[1] = Int64GetDatum((flow->id & ~((INT64CONST(1) << DWARF_SHARD_SHIFT) - 1)) |
-							  nextval_internal(Steps.seq, false));	/* ours */
+							  nextval_internal(StepSeq, false));	/* ours */
 	values[2] = Int32GetDatum(token_id);
 	values[3] = CStringGetTextDatum(graph->nodes[node].name);
 	values[4] = CStringGetTextDatum(status[outcome->kind]);
@@ -719,9 +684,7 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	values[12] = JsonbPGetDatum(outcome->error);
 	nulls[12] = outcome->kind != OUTCOME_ERROR;
 
-	tuple = heap_form_tuple(desc, values, nulls);
-	CatalogTupleInsertWithInfo(Steps.rel, tuple, Steps.indexes);
-	heap_freetuple(tuple);
+	RowsInsertStep(values, nulls, lengthof(values));
 }
 
 /* Sets up the graph cache; once, when the worker starts. */
@@ -739,11 +702,3 @@ StoreInit(void)
 	CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, CallsInvalidated, (Datum) 0);
 	CacheRegisterSyscacheCallback(NAMESPACEOID, CallsInvalidated, (Datum) 0);
 }
-
-/* After a rolled-back transaction: dwarf.step was closed by the abort. */
-void
-ForgetSteps(void)
-{
-	Steps.rel = NULL;
-}
-

@@ -57,6 +57,7 @@
 #include "shmem.h"
 #include "flowrun.h"
 #include "flows.h"
+#include "rows.h"
 #include "worker.h"
 
 /* This process's state as a worker (or runner): see worker.h. */
@@ -296,7 +297,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 										dwarf_batch_size, chain_limit,
 										foreach_current_index(lc) + 1);
 		}
-		CloseSteps();
+		RowsEnd();
 		PopActiveSnapshot();
 		SPI_finish();
 		CommitTransactionCommand();
@@ -313,7 +314,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
-		ForgetSteps();			/* closed by the abort */
+		RowsForget();			/* closed by the abort */
 		DwarfCurrentStep = NULL;
 		pgstat_report_activity(STATE_IDLE, NULL);
 		if (isolated)

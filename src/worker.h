@@ -139,7 +139,5 @@ extern void WriteClose(FlowRun *flow);
 extern void ParkRow(FlowRun *flow, Token *token);
 extern void RecordStep(FlowRun *flow, int token_id, int node, int attempt,
 					   StepOutcome *outcome, TimestampTz started, TimestampTz finished);
-extern void CloseSteps(void);
-extern void ForgetSteps(void);
 
 #endif							/* DWARF_WORKER_H */

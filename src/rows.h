@@ -1,0 +1,21 @@
+/*
+ * rows.h
+ *		A worker's writes of dwarf's own rows without a statement (rows.c):
+ *		step rows, the flows dwarf.run creates, a flow's close.
+ */
+#ifndef DWARF_ROWS_H
+#define DWARF_ROWS_H
+
+#include "utils/jsonb.h"
+
+#include "dwarf.h"
+#include "flows.h"
+
+extern void RowsInsertStep(Datum *values, bool *nulls, int natts);
+extern bool RowsInsertFlow(int64 id, int32 graph_id, Oid owner, int32 priority, Jsonb *input,
+						   Jsonb *options, FlowRow *row);
+extern bool RowsCloseFlow(int64 id, bool completed, Jsonb *state, const char *error);
+extern void RowsEnd(void);
+extern void RowsForget(void);
+
+#endif							/* DWARF_ROWS_H */
