@@ -187,29 +187,167 @@ BeginBatch(void)
  * queue.  Steps whose flow has a step at a runner wait for it (runner.c);
  * a step's ready successors join the batch (ChainSuccessors).
  */
+/* A batch's state while it runs (RunEntries). */
+typedef struct Batch
+{
+	List	   *entries;		/* ReadyEntries; grows as steps chain */
+	List	   *broken;			/* entries whose flow must be reloaded */
+	int			ran;			/* steps run */
+	int64	   *parked;			/* flows interrupted in this batch */
+	int			nparked;
+	int			max;			/* entries it may grow to */
+	uint32		seen;			/* ChangedSince's mark */
+	TimestampTz deadline;		/* no step starts after it */
+	int32		chain_limit;	/* the worst priority whose successors chain */
+	bool		isolated;		/* each step in a subtransaction */
+	bool		alone;			/* one step, which met a lock conflict */
+} Batch;
+
+/* Runs one entry's step, and chains its successors into the batch. */
+static void
+RunEntry(Batch *b, ReadyEntry *entry, int index)
+{
+	FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
+	Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+	StepResult	result;
+	MemoryContext old;
+
+	if (token == NULL || flow->status != FLOW_RUNNING)
+		return;					/* its flow closed or broke earlier in the batch */
+	if (ChangedSince(&b->seen, flow->id) || FlowIsLent(flow->id) ||
+		(b->ran > 0 && GetCurrentTimestamp() > b->deadline))
+	{
+		token->running = false; /* queued again after the commit */
+		return;
+	}
+	result = RunStep(flow, token, b->isolated,
+					 b->alone ? entry->contended < DWARF_CONTENTION_TRIES : b->ran > 0);
+	token = FlowFindToken(flow, entry->token_id);
+	if (result == STEP_CONTENDED)
+	{
+		ReadyEntry *copy;
+
+		old = MemoryContextSwitchTo(Worker.context);
+		copy = palloc(sizeof(ReadyEntry));
+		memcpy(copy, entry, sizeof(ReadyEntry));
+		copy->contended++;
+		Alone = lappend(Alone, copy);
+		MemoryContextSwitchTo(old);
+		return;					/* still "running": no one else queues it */
+	}
+	b->ran++;
+	if (token)
+		token->running = false;
+	if (result == STEP_BROKEN)
+	{
+		old = MemoryContextSwitchTo(Worker.batch_context);
+		b->broken = lappend(b->broken, entry);
+		MemoryContextSwitchTo(old);
+		DropFlow(flow);
+		return;
+	}
+	if (flow->status != FLOW_RUNNING)
+	{
+		WriteClose(flow);
+		IntakeNoteClose(flow);
+	}
+	else if (token && token->parked && token->child == 0)
+	{
+		ParkRow(flow, token);
+		if (b->nparked < b->max)
+			b->parked[b->nparked++] = flow->id;
+	}
+	else if (!b->alone)
+		b->entries = ChainSuccessors(b->entries, flow, b->max, b->chain_limit, index + 1);
+}
+
+/*
+ * After a rollback: the tables are the truth, so every flow the batch
+ * touched is reloaded, and the next batch runs each step in its own
+ * subtransaction.
+ */
+static void
+BatchRolledBack(Batch *b, ErrorData *edata)
+{
+	ListCell   *lc;
+
+	ereport(LOG,
+			(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
+					list_length(b->entries), edata->message)));
+	pg_atomic_fetch_add_u64(&Worker.slot->aborted_batches, 1);
+	IntakeRolledBack();			/* its creates are made again, apart */
+	foreach(lc, b->entries)
+	{
+		ReadyEntry *entry = lfirst(lc);
+		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
+
+		if (flow)
+		{
+			DropFlow(flow);
+			NoteLoad(entry->flow_id, true);
+		}
+		pfree(entry);
+	}
+	list_free_deep(Alone);		/* they are reloaded too */
+	Alone = NIL;
+	IsolateNext = true;
+}
+
+/*
+ * After the commit: the steps' successors are queued, closed flows are
+ * dropped from memory, and whoever awaits them is woken.
+ */
+static void
+BatchCommitted(Batch *b)
+{
+	int64	   *closed = palloc(sizeof(int64) * list_length(b->entries));
+	int			nclosed = 0;
+	ListCell   *lc;
+
+	foreach(lc, b->entries)
+	{
+		ReadyEntry *entry = lfirst(lc);
+		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
+
+		if (flow == NULL)
+			continue;			/* closed above, or broken */
+		if (flow->status != FLOW_RUNNING)
+		{
+			closed[nclosed++] = flow->id;
+			pg_atomic_fetch_add_u64(&Worker.slot->flows_closed, 1);
+			DropFlow(flow);
+		}
+		else
+			EnqueueRunnable(flow);
+	}
+	foreach(lc, b->broken)
+		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
+	IntakeCommitted();
+	pg_atomic_fetch_add_u64(&Worker.slot->steps, b->ran);
+	DwarfWakeWaiters(closed, nclosed);
+	DwarfWakeWaiters(b->parked, b->nparked);
+	pgstat_report_stat(false);	/* WAL and commit counters, at most once a second */
+	pg_atomic_fetch_add_u64(&Worker.slot->batches, 1);
+	list_free_deep(b->entries);
+}
+
 void
 RunEntries(List *entries, bool isolated, bool alone, List *requests)
 {
-	List	   *volatile batch = entries;	/* grows as steps chain */
-	List	   *volatile broken = NIL;	/* entries whose flow must be
-										 * reloaded, in Worker.batch_context */
-	volatile int ran = 0;
-	int64	   *parked;			/* flows interrupted in this batch */
-	int			nparked = 0;
-	int64	   *closed;
-	volatile int nclosed = 0;
-	uint32		seen = 0xFFFFFFFF;
-	TimestampTz deadline;
-	int32		chain_limit;
+	Batch	   *b = palloc0(sizeof(Batch));	/* in memory: the handler sees it as it is */
 	ListCell   *lc;
 
-	/* The batch may grow as steps chain, up to dwarf.batch_size. */
-	parked = palloc(sizeof(int64) * Max(list_length(batch), dwarf_batch_size));
+	b->entries = entries;
+	b->isolated = isolated;
+	b->alone = alone;
+	b->max = isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) : dwarf_batch_size;
+	b->parked = palloc(sizeof(int64) * Max(list_length(entries), b->max));
+	b->seen = 0xFFFFFFFF;
 	BeginBatch();
-	(void) ChangedSince(&seen, 0);
-	deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
+	(void) ChangedSince(&b->seen, 0);
+	b->deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
 	if (!Worker.is_runner)
-		SetRunningPriority(batch);
+		SetRunningPriority(entries);
 
 	/*
 	 * The worst priority whose successors chain, read once per batch: no
@@ -218,7 +356,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	 * better work, even work another worker has not loaded yet, comes
 	 * first).
 	 */
-	chain_limit = Min(0, Min(DatabaseBestPriority(), OthersRunningPriority()));
+	b->chain_limit = Min(0, Min(DatabaseBestPriority(), OthersRunningPriority()));
 
 	/*
 	 * dwarf.run's creates join the batch: the new flows' first steps chain
@@ -228,75 +366,18 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	if (requests != NIL)
 	{
 		List	   *flows;
-		ListCell   *flc;
 
 		if (!IntakeInBatch(requests, &flows))
 			BeginBatch();		/* rolled back: they were created apart */
-		foreach(flc, flows)
-			batch = ChainSuccessors(batch, lfirst(flc), dwarf_batch_size, chain_limit, -1);
+		foreach(lc, flows)
+			b->entries = ChainSuccessors(b->entries, lfirst(lc), b->max, b->chain_limit, -1);
 		list_free(flows);
 	}
 
 	PG_TRY();
 	{
-		foreach(lc, batch)
-		{
-			ReadyEntry *entry = lfirst(lc);
-			FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
-			Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
-			StepResult	result;
-
-			if (token == NULL || flow->status != FLOW_RUNNING)
-				continue;		/* its flow closed or broke earlier in the batch */
-			if (ChangedSince(&seen, flow->id) || FlowIsLent(flow->id) ||
-				(ran > 0 && GetCurrentTimestamp() > deadline))
-			{
-				token->running = false; /* queued again after the commit */
-				continue;
-			}
-			result = RunStep(flow, token, isolated,
-							 alone ? entry->contended < DWARF_CONTENTION_TRIES : ran > 0);
-			token = FlowFindToken(flow, entry->token_id);
-			if (result == STEP_CONTENDED)
-			{
-				MemoryContext old = MemoryContextSwitchTo(Worker.context);
-				ReadyEntry *copy = palloc(sizeof(ReadyEntry));
-
-				memcpy(copy, entry, sizeof(ReadyEntry));
-				copy->contended++;
-				Alone = lappend(Alone, copy);
-				MemoryContextSwitchTo(old);
-				continue;		/* still "running": no one else queues it */
-			}
-			ran++;
-			if (token)
-				token->running = false;
-			if (result == STEP_BROKEN)
-			{
-				MemoryContext old = MemoryContextSwitchTo(Worker.batch_context);
-
-				broken = lappend(broken, entry);
-				MemoryContextSwitchTo(old);
-				DropFlow(flow);
-				continue;
-			}
-			if (flow->status != FLOW_RUNNING)
-			{
-				WriteClose(flow);
-				IntakeNoteClose(flow);
-			}
-			else if (token && token->parked && token->child == 0)
-			{
-				ParkRow(flow, token);
-				if (nparked < Max(list_length(batch), dwarf_batch_size))
-					parked[nparked++] = flow->id;
-			}
-			else if (!alone)
-				batch = ChainSuccessors(batch, flow,
-										isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) :
-										dwarf_batch_size, chain_limit,
-										foreach_current_index(lc) + 1);
-		}
+		foreach(lc, b->entries)
+			RunEntry(b, lfirst(lc), foreach_current_index(lc));
 		RowsEnd();
 		PopActiveSnapshot();
 		SPI_finish();
@@ -320,28 +401,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		if (isolated)
 			ereport(ERROR,
 					(errmsg("dwarf: a batch failed outside its tasks: %s", edata->message)));
-		ereport(LOG,
-				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
-						list_length(batch), edata->message)));
-		pg_atomic_fetch_add_u64(&Worker.slot->aborted_batches, 1);
-		IntakeRolledBack();		/* its creates are made again, apart */
-
-		/* The tables are the truth: reload every flow the batch touched. */
-		foreach(lc, batch)
-		{
-			ReadyEntry *entry = lfirst(lc);
-			FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
-
-			if (flow)
-			{
-				DropFlow(flow);
-				NoteLoad(entry->flow_id, true);
-			}
-			pfree(entry);
-		}
-		list_free_deep(Alone);	/* they are reloaded too */
-		Alone = NIL;
-		IsolateNext = true;
+		BatchRolledBack(b, edata);
 		return;
 	}
 	PG_END_TRY();
@@ -349,33 +409,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	pgstat_report_activity(STATE_IDLE, NULL);
 	if (!Worker.is_runner)
 		ClearRunningPriority();
-
-	closed = palloc(sizeof(int64) * list_length(batch));
-	foreach(lc, batch)
-	{
-		ReadyEntry *entry = lfirst(lc);
-		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
-
-		if (flow == NULL)
-			continue;			/* closed above, or broken */
-		if (flow->status != FLOW_RUNNING)
-		{
-			closed[nclosed++] = flow->id;
-			pg_atomic_fetch_add_u64(&Worker.slot->flows_closed, 1);
-			DropFlow(flow);
-		}
-		else
-			EnqueueRunnable(flow);
-	}
-	foreach(lc, broken)
-		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
-	IntakeCommitted();
-	pg_atomic_fetch_add_u64(&Worker.slot->steps, ran);
-	DwarfWakeWaiters(closed, nclosed);
-	DwarfWakeWaiters(parked, nparked);
-	pgstat_report_stat(false);	/* WAL and commit counters, at most once a second */
-	pg_atomic_fetch_add_u64(&Worker.slot->batches, 1);
-	list_free_deep(batch);
+	BatchCommitted(b);
 }
 
 /*
