@@ -22,7 +22,7 @@ extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
 
 int			dwarf_workers = 2;
-int			dwarf_batch_size = 128;
+int			dwarf_batch_size = 512;
 int			dwarf_shard_id = 0;
 int			dwarf_batch_time = 100;
 int			dwarf_long_step = 250;
@@ -114,7 +114,7 @@ _PG_init(void)
 							"Steps a worker runs and commits together.",
 							"Each batch is one transaction and one WAL flush.",
 							&dwarf_batch_size,
-							128, 1, 1024,
+							512, 1, 4096,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
