@@ -4,6 +4,7 @@
 MODULE_big = dwarf
 OBJS = \
 	src/dwarf.o \
+	src/globals.o \
 	src/shmem.o \
 	src/launcher.o \
 	src/worker.o \
@@ -11,6 +12,7 @@ OBJS = \
 	src/request.o \
 	src/rows.o \
 	src/step.o \
+	src/lend.o \
 	src/runner.o \
 	src/crashes.o \
 	src/queue.o \

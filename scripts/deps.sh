@@ -17,6 +17,8 @@ PACKAGES=(
 	libpq-dev
 	gcc
 	make
+	binutils
+	python3
 	gnuplot-nox
 	jq
 )

@@ -2,15 +2,17 @@
 # The test command.  Run as root from anywhere:  sudo scripts/test.sh
 #
 # 1. scripts/deps.sh (packages; fast when already installed)
-# 2. make && make install in the repository, as root
+# 2. make && make install in the repository, as root; then
+#    scripts/module-deps.py: no cycle between the modules of src/
 # 3. copies the tree to a fresh directory owned by the postgres user (PostgreSQL
 #    refuses to run as root) and there, as postgres:
 #      make installcheck        pg_regress; starts its own instance (REGRESS_OPTS)
 #      make prove_installcheck  TAP tests in t/*.pl, if any
 #      pg_prove                 pgTAP tests in test/pgtap/*.sql, if any, against a
 #                               throwaway cluster that preloads dwarf
-# The last line of output is "N passed, M failed" (pg_regress tests + TAP files +
-# pgTAP files); the exit status is 0 only when M is 0 and N > 0.
+# The last line of output is "N passed, M failed" (the module check +
+# pg_regress tests + TAP files + pgTAP files); the exit status is 0 only when
+# M is 0 and N > 0.
 #
 # Environment: DWARF_TEST_BUDGET  seconds for the whole run (default 3000)
 #              DWARF_TEST_KEEP=1  keep the work directory even when all passed
@@ -222,6 +224,16 @@ if ! bounded "$LOGS/build.log" 900 make -C "$ROOT" -j"$(nproc)" PG_CONFIG="$PG_C
 	exit 1
 fi
 SUMMARY+=("build:      ok")
+
+# The modules of src/ must not depend on each other in a circle (src/README.md).
+say "module dependencies: scripts/module-deps.py"
+if python3 "$ROOT/scripts/module-deps.py" >"$LOGS/module-deps.log" 2>&1; then
+	tail -1 "$LOGS/module-deps.log"
+	record structure 1 0
+else
+	cat "$LOGS/module-deps.log"
+	record structure 0 1 "src/ modules depend on each other in a circle"
+fi
 
 # --- 3. a copy of the tree the postgres user owns ---------------------------
 say "copying the tree to $SRC (owned by postgres)"

@@ -1,6 +1,7 @@
 /*
  * dwarf.c
- *		Module entry point: settings, shared memory hooks, the launcher.
+ *		Module entry point: defines the settings (their values live in
+ *		globals.c), hooks shared memory and registers the launcher.
  *
  * dwarf must be in shared_preload_libraries: it needs shared memory for its
  * wake-ups and a launcher that starts the workers of each database.
@@ -20,16 +21,6 @@
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
-
-int			dwarf_workers = 2;
-int			dwarf_batch_size = 512;
-int			dwarf_shard_id = 0;
-int			dwarf_batch_time = 100;
-int			dwarf_long_step = 250;
-int			dwarf_max_runners = -1;
-int			dwarf_step_crashes = 3;
-char	   *dwarf_archive_after = NULL;
-char	   *dwarf_retention = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;

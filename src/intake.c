@@ -120,12 +120,8 @@ IntakeApart(List *procnos)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = AbortAfterError(cxt);
 
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
 		list_free_deep(created);	/* no outcomes yet */
 		if (list_length(procnos) == 1)
 		{
@@ -232,13 +228,8 @@ IntakeInBatch(List *procnos, List **flows)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = AbortAfterError(cxt);
 
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		RowsForget();
 		ereport(DEBUG1,
 				(errmsg("dwarf: creating %d flows in a batch failed, creating them apart: %s",
 						list_length(procnos), edata->message)));

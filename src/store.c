@@ -702,3 +702,21 @@ StoreInit(void)
 	CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, CallsInvalidated, (Datum) 0);
 	CacheRegisterSyscacheCallback(NAMESPACEOID, CallsInvalidated, (Datum) 0);
 }
+
+/*
+ * Ends a worker's transaction after an error: the error is copied into
+ * cxt (and returned), the transaction rolled back, and what rows.c had open
+ * forgotten (the abort closed it).
+ */
+ErrorData *
+AbortAfterError(MemoryContext cxt)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(cxt);
+	edata = CopyErrorData();
+	FlushErrorState();
+	AbortCurrentTransaction();
+	RowsForget();
+	return edata;
+}

@@ -6,9 +6,11 @@
  *
  * Per step the worker calls the task through fmgr with a cached FmgrInfo,
  * as the flow's owner in a security-restricted operation (step.c), appends
- * one dwarf.step row and moves the flow on in memory.  The flow row is written
- * only when the flow closes.  A successor that is ready at once runs in the
- * same batch (chaining); others are queued once the batch has committed.
+ * one dwarf.step row (rows.c) and moves the flow on in memory.  The flow row
+ * is written only when the flow closes.  A successor that is ready at once
+ * runs in the same batch (chaining); others are queued once the batch has
+ * committed.  dwarf.run's creates join the batch too (intake.c), so that a
+ * short flow is created, run and closed in one commit.
  * A batch stops starting steps after dwarf.batch_time; slow tasks' steps go
  * to runners (runner.c); a step that met a lock conflict while sharing the
  * transaction runs again alone.
@@ -59,9 +61,6 @@
 #include "flows.h"
 #include "rows.h"
 #include "worker.h"
-
-/* This process's state as a worker (or runner): see worker.h. */
-WorkerState Worker = {.full_scan = true};
 
 static bool IsolateNext = false;
 static List *Alone = NIL;		/* ReadyEntries to run one per transaction */
@@ -391,11 +390,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		CrashesNoteStep(0, 0);
 		if (!Worker.is_runner)
 			ClearRunningPriority();
-		MemoryContextSwitchTo(Worker.batch_context);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		RowsForget();			/* closed by the abort */
+		edata = AbortAfterError(Worker.batch_context);
 		DwarfCurrentStep = NULL;
 		pgstat_report_activity(STATE_IDLE, NULL);
 		if (isolated)

@@ -8,6 +8,7 @@
 #define DWARF_WORKER_H
 
 #include "executor/spi.h"
+#include "postmaster/bgworker.h"
 #include "utils/hsearch.h"
 
 #include "dwarf.h"
@@ -44,9 +45,18 @@ typedef struct LoadItem
 	bool		replay;			/* it may have steps already */
 } LoadItem;
 
+/* A step this worker lent, or is about to lend once a runner is free (lend.c). */
+typedef struct Lent
+{
+	int64		flow_id;
+	int32		token_id;
+	int			runner;			/* index in DwarfShared.runners; -1: waiting */
+	BackgroundWorkerHandle *handle; /* NULL for a runner of an earlier worker */
+} Lent;
+
 /*
- * A worker's (or a runner's) own state, shared by worker.c, store.c,
- * queue.c, step.c, runner.c and crashes.c; one per process.
+ * A worker's (or a runner's) own state, shared by the worker's files; one
+ * per process.
  */
 typedef struct WorkerState
 {
@@ -58,9 +68,27 @@ typedef struct WorkerState
 	List	   *to_load;		/* LoadItems */
 	bool		full_scan;		/* load every running flow of ours */
 	int64		ready_count;	/* entries on the ready queue (queue.c) */
+	List	   *lent;			/* Lents (lend.c), in TopMemoryContext */
 } WorkerState;
 
 extern WorkerState Worker;
+
+/*
+ * Has this flow a step at a runner?  Then no other step of it runs until
+ * the runner is done: the runner works from the flow's committed steps, and
+ * a step of the worker's meanwhile would make tokens the runner's copy
+ * knows nothing of.
+ */
+static inline bool
+FlowIsLent(int64 flow_id)
+{
+	ListCell   *lc;
+
+	foreach(lc, Worker.lent)
+		if (((Lent *) lfirst(lc))->flow_id == flow_id)
+			return true;
+	return false;
+}
 
 /* step.c */
 
@@ -96,12 +124,11 @@ extern void IntakeRolledBack(void);
 extern List *IntakeRedo(List *requests);
 extern void IntakeAnswer(void);
 
-/* runner.c */
+/* lend.c */
 extern bool RunnerWants(FlowRun *flow, Token *token);
 extern bool RunnerLend(FlowRun *flow, Token *token);
 extern long RunnerPoll(void);
 extern void RunnerAdopt(void);
-extern bool FlowIsLent(int64 flow_id);
 extern void NoteTaskTime(GraphNode *node, int64 us);
 
 /* crashes.c */
@@ -131,6 +158,7 @@ extern bool QueueHasReady(void);
 extern void StoreInit(void);
 extern void PreparePlans(void);
 extern void LoadFlows(void);
+extern ErrorData *AbortAfterError(MemoryContext cxt);
 extern void FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row);
 extern FlowRun *TakeInFlow(const FlowRow *row);
 extern void NoteLoad(int64 flow_id, bool replay);

@@ -1,0 +1,26 @@
+/*
+ * globals.c
+ *		What the modules read and no module owns: the settings' values
+ *		(defined as settings in dwarf.c) and this process's worker state
+ *		(worker.h).  Kept apart, as PostgreSQL keeps its own in globals.c,
+ *		so that reading a setting or the worker's state makes no module
+ *		depend on the one that sets it.
+ */
+#include "postgres.h"
+
+#include "dwarf.h"
+#include "worker.h"
+
+/* settings (dwarf.c defines them, with these boot values) */
+int			dwarf_workers = 2;
+int			dwarf_batch_size = 512;
+int			dwarf_shard_id = 0;
+int			dwarf_batch_time = 100;
+int			dwarf_long_step = 250;
+int			dwarf_max_runners = -1;
+int			dwarf_step_crashes = 3;
+char	   *dwarf_archive_after = NULL;
+char	   *dwarf_retention = NULL;
+
+/* this process's state as a worker (or runner): see worker.h */
+WorkerState Worker = {.full_scan = true};

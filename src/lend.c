@@ -1,0 +1,345 @@
+/*
+ * lend.c
+ *		The worker's side of slow steps: which tasks are slow, and lending
+ *		their steps to runners (runner.c), one step a runner.
+ *
+ * Every step's run time is measured.  A task that once ran for
+ * dwarf.long_step or more is marked slow in shared memory, for all the
+ * workers of its database; from then on the owning worker lends each of
+ * its steps to a runner, a dynamic background worker started for that one
+ * step, at most dwarf.max_runners at a time (steps wait for a free one).
+ * When the runner is done, the owner reloads the flow and moves it on.
+ * While a step is lent, no other step of its flow runs, however often the
+ * owner reloads it (FlowIsLent, worker.h): the runner's copy of the flow
+ * must stay the flow.  A step is lent only from a batch that holds no other
+ * step of its flow, before the batch starts (its input is committed).  A
+ * slow task that runs quickly again comes back to the workers.
+ *
+ * A runner that dies before it is done gives its step back: the owner
+ * reloads the flow, and the step runs again.
+ */
+#include "postgres.h"
+
+#include <signal.h>
+
+#include "commands/sequence.h"
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+#include "shmem.h"
+#include "graph.h"
+#include "flowrun.h"
+#include "worker.h"
+
+/* Runners may use at most this many background worker slots. */
+static int
+MaxRunners(void)
+{
+	int			n = dwarf_max_runners >= 0 ? dwarf_max_runners : max_worker_processes / 2;
+
+	return Min(n, DWARF_MAX_RUNNERS);
+}
+
+/* ---------- which tasks are slow ---------- */
+
+static DwarfSlowTask *
+FindSlow(Oid fn)
+{
+	int			i;
+
+	for (i = 0; i < DWARF_SLOW_TASKS; i++)
+	{
+		DwarfSlowTask *t = &Dwarf->slow[(fn + i) % DWARF_SLOW_TASKS];
+
+		if (t->dboid == InvalidOid)
+			return t;
+		if (t->dboid == MyDatabaseId && t->fn == fn)
+			return t;
+	}
+	return NULL;
+}
+
+/* Does this task's steps go to runners?  One atomic read when nothing changed. */
+static bool
+TaskIsSlow(GraphNode *node)
+{
+	uint32		epoch = pg_atomic_read_u32(&Dwarf->slow_epoch);
+
+	if (node->slow_epoch != epoch)
+	{
+		DwarfSlowTask *t;
+
+		SpinLockAcquire(&Dwarf->slow_mutex);
+		t = FindSlow(node->fn);
+		node->slow = t && t->dboid != InvalidOid && t->slow;
+		SpinLockRelease(&Dwarf->slow_mutex);
+		node->slow_epoch = epoch;
+	}
+	return node->slow;
+}
+
+/*
+ * Records how long a step of this task ran: from dwarf.long_step on, the
+ * task is slow; quicker, it is not (any more).
+ */
+void
+NoteTaskTime(GraphNode *node, int64 us)
+{
+	bool		slow = dwarf_long_step > 0 && us >= (int64) dwarf_long_step * 1000;
+	DwarfSlowTask *t;
+
+	if (slow == TaskIsSlow(node))
+		return;
+	SpinLockAcquire(&Dwarf->slow_mutex);
+	t = FindSlow(node->fn);
+	if (t)						/* a full table keeps the tasks it has */
+	{
+		t->dboid = MyDatabaseId;
+		t->fn = node->fn;
+		t->slow = slow;
+		pg_atomic_fetch_add_u32(&Dwarf->slow_epoch, 1);
+	}
+	SpinLockRelease(&Dwarf->slow_mutex);
+}
+
+/* ---------- the lending worker's side ---------- */
+
+/*
+ * Takes a free runner slot and starts a runner on it.  Returns false when
+ * there is no slot, or no background worker could be started.
+ */
+static bool
+StartRunner(Lent *lent)
+{
+	BackgroundWorker worker = {0};
+	DwarfRunnerSlot *slot = NULL;
+	MemoryContext old;
+	bool		registered;
+	int			used = 0;
+	int			i;
+
+	SpinLockAcquire(&Dwarf->mutex);
+	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
+	{
+		if (Dwarf->runners[i].in_use)
+			used++;
+		else if (slot == NULL)
+			slot = &Dwarf->runners[i];
+	}
+	if (slot == NULL || used >= MaxRunners())
+	{
+		SpinLockRelease(&Dwarf->mutex);
+		return false;
+	}
+	slot->in_use = true;
+	slot->dboid = MyDatabaseId;
+	slot->worker = Worker.slot - Dwarf->workers;
+	slot->flow_id = lent->flow_id;
+	slot->token_id = lent->token_id;
+	slot->lent_at = GetCurrentTimestamp();
+	slot->pid = 0;
+	slot->done = false;
+	SpinLockRelease(&Dwarf->mutex);
+
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "dwarf");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "DwarfRunnerMain");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "dwarf runner for flow " INT64_FORMAT, lent->flow_id);
+	snprintf(worker.bgw_type, BGW_MAXLEN, "dwarf runner");
+	worker.bgw_main_arg = Int32GetDatum(slot - Dwarf->runners);
+	worker.bgw_notify_pid = MyProcPid;
+	old = MemoryContextSwitchTo(TopMemoryContext);	/* the handle lives on */
+	registered = RegisterDynamicBackgroundWorker(&worker, &lent->handle);
+	MemoryContextSwitchTo(old);
+	if (!registered)
+	{
+		SpinLockAcquire(&Dwarf->mutex);
+		slot->in_use = false;
+		SpinLockRelease(&Dwarf->mutex);
+		lent->handle = NULL;
+		return false;
+	}
+	lent->runner = slot - Dwarf->runners;
+	return true;
+}
+
+/*
+ * Is this step one for a runner: a slow task's, or one that ended its
+ * process before (until it has done so too often: then the worker fails it
+ * in CallTask)?
+ */
+bool
+RunnerWants(FlowRun *flow, Token *token)
+{
+	GraphNode  *node = &flow->graph->nodes[token->node];
+	int			crashes = CrashesOf(flow->id, token->id);
+
+	return !Worker.is_runner && MaxRunners() > 0 && OidIsValid(node->fn) &&
+		crashes < dwarf_step_crashes && (crashes > 0 || TaskIsSlow(node));
+}
+
+/*
+ * Lends a step of a slow task to a runner, or keeps it for the next free
+ * one.  Returns false when the worker should run the step itself: the task
+ * is not slow, runners are off, or none can start and none of ours is
+ * running to make room.
+ */
+bool
+RunnerLend(FlowRun *flow, Token *token)
+{
+	MemoryContext old;
+	Lent	   *lent;
+
+	if (!RunnerWants(flow, token))
+		return false;
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	lent = palloc0(sizeof(Lent));
+	lent->flow_id = flow->id;
+	lent->token_id = token->id;
+	lent->runner = -1;
+	if (!StartRunner(lent) && Worker.lent == NIL)
+	{
+		pfree(lent);
+		MemoryContextSwitchTo(old);
+		return false;
+	}
+	Worker.lent = lappend(Worker.lent, lent);
+	MemoryContextSwitchTo(old);
+	return true;
+}
+
+/* Has the runner of this lent step finished, or died without finishing? */
+static bool
+RunnerFinished(Lent *lent)
+{
+	DwarfRunnerSlot *slot = &Dwarf->runners[lent->runner];
+	pid_t		pid;
+	bool		done;
+	bool		gone;
+
+	if (lent->handle)
+		gone = GetBackgroundWorkerPid(lent->handle, &pid) == BGWH_STOPPED;
+	else
+	{
+		SpinLockAcquire(&slot->mutex);
+		pid = slot->pid;
+		SpinLockRelease(&slot->mutex);
+		gone = pid != 0 ? kill(pid, 0) != 0 :
+			TimestampDifferenceExceeds(slot->lent_at, GetCurrentTimestamp(), 60000);
+	}
+	SpinLockAcquire(&slot->mutex);
+	done = slot->done;
+	SpinLockRelease(&slot->mutex);
+	if (!done && !gone)
+		return false;
+	if (!done)
+	{
+		ereport(LOG,
+				(errmsg("dwarf: the runner of a step of flow " INT64_FORMAT " ended before it was done",
+						lent->flow_id)));
+		CrashesRunnerDied(lent->runner);
+	}
+	return true;
+}
+
+/*
+ * Looks after the lent steps: a finished runner's flow is reloaded (the
+ * tables have its step), and steps waiting for a runner get one if there
+ * is room.  Returns milliseconds until it should look again for room, or
+ * -1 when no step waits.
+ */
+long
+RunnerPoll(void)
+{
+	ListCell   *lc;
+	bool		waiting = false;
+
+	foreach(lc, Worker.lent)
+	{
+		Lent	   *lent = lfirst(lc);
+
+		if (lent->runner < 0)
+		{
+			FlowRun    *flow = hash_search(Worker.flows, &lent->flow_id, HASH_FIND, NULL);
+			Token	   *token = flow ? FlowFindToken(flow, lent->token_id) : NULL;
+
+			/* Quick again (a runner said so), or gone: the worker takes it back. */
+			if (token == NULL || !TaskIsSlow(&flow->graph->nodes[token->node]))
+			{
+				Worker.lent = foreach_delete_current(Worker.lent, lc);
+				pfree(lent);
+				if (token)
+				{
+					token->running = false;
+					EnqueueRunnable(flow);
+				}
+				continue;
+			}
+			if (!StartRunner(lent))
+				waiting = true;
+			continue;
+		}
+		if (!RunnerFinished(lent))
+			continue;
+
+		/*
+		 * The runner took its step's id from a block of dwarf.step_seq
+		 * above ours: ours must come from a new block, or the flow's next
+		 * step would sort before the runner's, and replay in the wrong order.
+		 */
+		ResetSequenceCaches();
+		{
+			FlowRun    *flow = hash_search(Worker.flows, &lent->flow_id, HASH_FIND, NULL);
+
+			if (flow)
+				DropFlow(flow);
+			NoteLoad(lent->flow_id, true);
+		}
+		SpinLockAcquire(&Dwarf->mutex);
+		Dwarf->runners[lent->runner].in_use = false;
+		SpinLockRelease(&Dwarf->mutex);
+		if (lent->handle)
+			pfree(lent->handle);
+		Worker.lent = foreach_delete_current(Worker.lent, lc);
+		pfree(lent);
+	}
+	return waiting ? 100 : -1;
+}
+
+/*
+ * At a worker's start: the runners an earlier worker of this number lent
+ * steps to may still run.  Their steps stay lent until they finish.
+ */
+void
+RunnerAdopt(void)
+{
+	int			i;
+
+	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
+	{
+		DwarfRunnerSlot *slot = &Dwarf->runners[i];
+		MemoryContext old;
+		Lent	   *lent;
+
+		SpinLockAcquire(&Dwarf->mutex);
+		if (!slot->in_use || slot->dboid != MyDatabaseId ||
+			slot->worker != Worker.slot - Dwarf->workers)
+		{
+			SpinLockRelease(&Dwarf->mutex);
+			continue;
+		}
+		SpinLockRelease(&Dwarf->mutex);
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		lent = palloc0(sizeof(Lent));
+		lent->flow_id = slot->flow_id;
+		lent->token_id = slot->token_id;
+		lent->runner = i;
+		Worker.lent = lappend(Worker.lent, lent);
+		MemoryContextSwitchTo(old);
+	}
+}
