@@ -289,7 +289,7 @@ CREATE FUNCTION dwarf.run(graph text, input jsonb DEFAULT '{}',
 						  thread text DEFAULT NULL)
 	RETURNS dwarf.outcome
 	LANGUAGE c
-	SET search_path = pg_catalog, pg_temp
+	-- no SET search_path: the C function pins it itself, at less cost per call
 	AS 'MODULE_PATHNAME', 'dwarf_run';
 COMMENT ON FUNCTION dwarf.run(text, jsonb, interval, int, text, text, int, interval, boolean, jsonb, text) IS
 	'Creates a flow (committed by the engine, independently of the caller) and awaits it';

@@ -538,6 +538,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 				 errhint("Use dwarf.subgraph() to run a flow and wait for it without holding a worker, or dwarf.create() to start one.")));
 	timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(2), "timeout") / 1000;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	PinSearchPathForCall();		/* dwarf.run has no SET search_path */
 	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 								  PG_GETARG_INT32(3),
 								  KeyArg(fcinfo, 4, "idempotency_key"),
@@ -552,5 +553,6 @@ dwarf_run(PG_FUNCTION_ARGS)
 	else
 		AwaitFlow(flow_id, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
 				  values, nulls, true);
+	PopOverrideSearchPath();
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }

@@ -38,6 +38,7 @@ extern void RestoreUser(SavedUser saved);
 
 /* ---------- statements ---------- */
 
+extern void PinSearchPathForCall(void);
 extern void Connect(void);
 extern void Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
 				 int expect);
