@@ -59,3 +59,19 @@ SELECT to_jsonb(r) - '{id,created_at,finished_at}'::text[] = to_jsonb(c) - '{id,
 SELECT r.name, array_agg(s.task ORDER BY s.step_id) AS tasks, array_agg(s.status ORDER BY s.step_id) AS statuses
   FROM ro.runs r JOIN dwarf.step s ON s.flow_id = (r.o).flow_id
  WHERE r.name IN ('small', 'failed') GROUP BY r.name ORDER BY r.name;
+
+-- a create that fails in the worker (here a trigger refuses the row; with an
+-- idempotency key the create goes through the INSERT statement, which fires
+-- it) fails its caller alone, with the reason; the next call is served
+CREATE FUNCTION ro.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.input ? 'refuse' THEN
+		RAISE EXCEPTION 'refused by a trigger';
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER ro_refuse BEFORE INSERT ON dwarf.flow FOR EACH ROW EXECUTE FUNCTION ro.refuse();
+SELECT status FROM dwarf.run('ro_echo', '{"refuse": true}', idempotency_key => 'ro-refused');
+SELECT status FROM dwarf.run('ro_echo', '{"pad": 2}', idempotency_key => 'ro-after');
+DROP TRIGGER ro_refuse ON dwarf.flow;
+SELECT count(*) AS refused_flows FROM dwarf.flow WHERE input ? 'refuse';

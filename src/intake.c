@@ -235,6 +235,8 @@ IntakeInBatch(List *procnos, List **flows)
 						list_length(procnos), edata->message)));
 		FreeErrorData(edata);
 		ForgetInBatch();
+		foreach(lc, procnos)	/* the one taken when it failed too */
+			RequestGiveBack(lfirst_int(lc));
 		IntakeApart(procnos);
 		MemoryContextSwitchTo(cxt);
 		*flows = NIL;
