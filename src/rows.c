@@ -249,8 +249,9 @@ ReadOptions(Jsonb *options, FlowRow *row, char **thread, Interval **budget)
 		epoch = DatumGetNumeric(DirectFunctionCall2(extract_interval,
 													CStringGetTextDatum("epoch"),
 													IntervalPGetDatum(*budget)));
+		epoch = numeric_mul_opt_error(epoch, int64_to_numeric(1000), NULL);
 		row->time_budget_ms = DatumGetInt64(DirectFunctionCall1(numeric_int8,
-																NumericGetDatum(numeric_mul_opt_error(epoch, int64_to_numeric(1000), NULL))));
+																NumericGetDatum(epoch)));
 	}
 	row->delete_on_completion = false;
 	if ((field = JsonbField(options, "delete_on_completion")) != NULL)

@@ -121,7 +121,7 @@ typedef struct DwarfRunnerSlot
 	bool		done;
 } DwarfRunnerSlot;
 
-/* Tasks found slow, for every worker of their database (runner.c). */
+/* Tasks found slow, for every worker of their database (lend.c). */
 #define DWARF_SLOW_TASKS	256
 
 typedef struct DwarfSlowTask

@@ -12,7 +12,7 @@
  * committed.  dwarf.run's creates join the batch too (intake.c), so that a
  * short flow is created, run and closed in one commit.
  * A batch stops starting steps after dwarf.batch_time; slow tasks' steps go
- * to runners (runner.c); a step that met a lock conflict while sharing the
+ * to runners (lend.c); a step that met a lock conflict while sharing the
  * transaction runs again alone.
  *
  * A batch first runs optimistically with no subtransactions.  If anything in
@@ -183,7 +183,7 @@ BeginBatch(void)
  * Alone, the batch is one step that met a lock conflict while sharing a
  * transaction: whatever it meets now is its own.  A batch stops taking
  * steps once it has run for dwarf.batch_time; the rest go back to the
- * queue.  Steps whose flow has a step at a runner wait for it (runner.c);
+ * queue.  Steps whose flow has a step at a runner wait for it (lend.c);
  * a step's ready successors join the batch (ChainSuccessors).
  */
 /* A batch's state while it runs (RunEntries). */
@@ -409,7 +409,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 
 /*
  * Takes out of a batch, before it starts, the steps to lend to runners: a
- * slow task's step, alone of its flow in the batch (see runner.c).
+ * slow task's step, alone of its flow in the batch (see lend.c).
  */
 static List *
 LendSlowSteps(List *batch)
