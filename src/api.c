@@ -300,6 +300,27 @@ dwarf_create(PG_FUNCTION_ARGS)
 
 static const char *const closed_statuses[] = {"interrupted", "completed", "failed", "cancelled"};
 
+/* A closed flow's outcome as ReadOutcome reads it, from what is known of it. */
+static void
+ClosedOutcome(int64 flow_id, RunOutcome *outcome, Datum *values, bool *nulls)
+{
+	memset(nulls, true, sizeof(bool) * 6);
+	values[0] = Int64GetDatum(flow_id);
+	nulls[0] = false;
+	values[1] = CStringGetTextDatum(outcome->completed ? "completed" : "failed");
+	nulls[1] = false;
+	if (outcome->state)
+	{
+		values[2] = JsonbPGetDatum(outcome->state);
+		nulls[2] = false;
+	}
+	if (outcome->error)
+	{
+		values[3] = CStringGetTextDatum(outcome->error);
+		nulls[3] = false;
+	}
+}
+
 /*
  * Reads a flow's outcome with a fresh snapshot.  Returns false when the flow
  * is still running.  Errors if the caller cannot see it, unless it existed
@@ -350,11 +371,9 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	if (SPI_processed == 0 && existed)
 	{
 		/* Deleted on completion: its outcome is gone with it. */
-		memset(nulls, true, sizeof(bool) * 6);
-		values[0] = Int64GetDatum(flow_id);
-		nulls[0] = false;
-		values[1] = CStringGetTextDatum("completed");
-		nulls[1] = false;
+		RunOutcome	deleted = {.closed = true, .completed = true};
+
+		ClosedOutcome(flow_id, &deleted, values, nulls);
 		return true;
 	}
 	if (SPI_processed == 0)
@@ -485,27 +504,6 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	flow_id = NewFlowId();
 	return RequestCreate(RequestOwner(flow_id), flow_id, graph_id, priority, key, input,
 						 options, deadline, outcome);
-}
-
-/* The outcome of a flow that closed as it was created, as ReadOutcome reads it. */
-static void
-ClosedOutcome(int64 flow_id, RunOutcome *outcome, Datum *values, bool *nulls)
-{
-	memset(nulls, true, sizeof(bool) * 6);
-	values[0] = Int64GetDatum(flow_id);
-	nulls[0] = false;
-	values[1] = CStringGetTextDatum(outcome->completed ? "completed" : "failed");
-	nulls[1] = false;
-	if (outcome->state)
-	{
-		values[2] = JsonbPGetDatum(outcome->state);
-		nulls[2] = false;
-	}
-	if (outcome->error)
-	{
-		values[3] = CStringGetTextDatum(outcome->error);
-		nulls[3] = false;
-	}
 }
 
 DWARF_FUNCTION(dwarf_run);

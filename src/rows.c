@@ -50,6 +50,7 @@ typedef struct RowTable
 	ResultRelInfo *rri;
 	TupleTableSlot *slot;		/* a row to write */
 	TupleTableSlot *old;		/* a row read to update */
+	Relation	pkey;			/* its primary key's index, among rri's */
 } RowTable;
 
 static EState *RowsState = NULL;	/* this transaction's, or NULL */
@@ -71,10 +72,29 @@ static const char *const FlowColumnNames[FC_COUNT] = {
 static AttrNumber FlowColumn[FC_COUNT];	/* 0-based */
 static bool FlowColumnsFound = false;
 
+static void
+FindFlowColumns(Relation rel)
+{
+	int			i;
+
+	if (FlowColumnsFound)
+		return;
+	for (i = 0; i < FC_COUNT; i++)
+	{
+		AttrNumber	attnum = attnameAttNum(rel, FlowColumnNames[i], false);
+
+		if (attnum <= 0)
+			elog(ERROR, "dwarf: dwarf.flow has no column %s", FlowColumnNames[i]);
+		FlowColumn[i] = attnum - 1;
+	}
+	FlowColumnsFound = true;
+}
+
 static RowTable *
 OpenTable(RowTable *t)
 {
 	MemoryContext old;
+	int			i;
 
 	if (t->rel != NULL)
 		return t;
@@ -90,9 +110,15 @@ OpenTable(RowTable *t)
 	t->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(t->rri, t->rel, 0, NULL, 0);
 	ExecOpenIndices(t->rri, false);
+	t->pkey = NULL;
+	for (i = 0; i < t->rri->ri_NumIndices; i++)
+		if (RelationGetRelid(t->rri->ri_IndexRelationDescs[i]) == RelationGetPrimaryKeyIndex(t->rel))
+			t->pkey = t->rri->ri_IndexRelationDescs[i];
 	t->slot = table_slot_create(t->rel, NULL);
 	t->old = table_slot_create(t->rel, NULL);
 	MemoryContextSwitchTo(old);
+	if (t == &Flows)
+		FindFlowColumns(t->rel);
 	return t;
 }
 
@@ -159,24 +185,6 @@ RowsInsertStep(Datum *values, bool *nulls, int natts)
 	memcpy(t->slot->tts_values, values, sizeof(Datum) * natts);
 	memcpy(t->slot->tts_isnull, nulls, sizeof(bool) * natts);
 	InsertSlot(t);
-}
-
-static void
-FindFlowColumns(Relation rel)
-{
-	int			i;
-
-	if (FlowColumnsFound)
-		return;
-	for (i = 0; i < FC_COUNT; i++)
-	{
-		AttrNumber	attnum = attnameAttNum(rel, FlowColumnNames[i], false);
-
-		if (attnum <= 0)
-			elog(ERROR, "dwarf: dwarf.flow has no column %s", FlowColumnNames[i]);
-		FlowColumn[i] = attnum - 1;
-	}
-	FlowColumnsFound = true;
 }
 
 /* A string field of the options, as text; false if it is there but not a string. */
@@ -285,7 +293,6 @@ RowsInsertFlow(int64 id, int32 graph_id, Oid owner, int32 priority, Jsonb *input
 	if (!ReadOptions(options, row, &thread, &budget))
 		return false;
 	t = OpenTable(&Flows);
-	FindFlowColumns(t->rel);
 	row->id = id;
 	row->graph_id = graph_id;
 	row->owner = owner;
@@ -330,30 +337,24 @@ bool
 RowsCloseFlow(int64 id, bool completed, Jsonb *state, const char *error)
 {
 	RowTable   *t = OpenTable(&Flows);
-	Relation	index = NULL;
 	ScanKeyData key;
 	IndexScanDesc scan;
 	Snapshot	snapshot;
 	bool		found;
-	int			i;
 	int			natts = RelationGetDescr(t->rel)->natts;
 	TM_FailureData tmfd;
 	LockTupleMode lockmode;
 	bool		update_indexes;
 	TM_Result	result;
 
-	FindFlowColumns(t->rel);
-	for (i = 0; i < t->rri->ri_NumIndices; i++)
-		if (RelationGetRelid(t->rri->ri_IndexRelationDescs[i]) == RelationGetPrimaryKeyIndex(t->rel))
-			index = t->rri->ri_IndexRelationDescs[i];
-	if (index == NULL)
+	if (t->pkey == NULL)
 		return false;
 
 	/* The row as of now, this transaction's own writes included. */
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
-	scan = index_beginscan(t->rel, index, snapshot, 1, 0);
+	scan = index_beginscan(t->rel, t->pkey, snapshot, 1, 0);
 	index_rescan(scan, &key, 1, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, t->old);
 	index_endscan(scan);
