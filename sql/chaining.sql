@@ -17,6 +17,10 @@ END $$;
 -- Counts what the tasks before it wrote in this flow: they are visible to it.
 CREATE FUNCTION ch.count(s jsonb) RETURNS jsonb LANGUAGE sql AS $$
 	SELECT jsonb_build_object('seen', count(*)) FROM ch.log WHERE flow_id = dwarf.flow_id() $$;
+-- The same, STABLE: it reads through the snapshot it is given, so each step
+-- of a batch needs one taken after its predecessor's writes.
+CREATE FUNCTION ch.count_stable(s jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $$
+	SELECT jsonb_build_object('seen', count(*)) FROM ch.log WHERE flow_id = dwarf.flow_id() $$;
 CREATE FUNCTION ch.boom(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN
 	INSERT INTO ch.log VALUES (dwarf.flow_id(), 'boom');
@@ -35,6 +39,8 @@ SELECT dwarf.define('ch_ten', '{"tasks": {"A": "ch.noop", "B": "ch.noop", "C": "
   "F", "G", "H", "I", "J"]}]}');
 SELECT dwarf.define('ch_seen', '{"tasks": {"A": "ch.write", "B": "ch.write", "C": "ch.count"},
   "transitions": [{"chain": ["A", "B", "C"]}]}');
+SELECT dwarf.define('ch_seen_stable', '{"tasks": {"A": "ch.write", "B": "ch.write",
+  "C": "ch.count_stable"}, "transitions": [{"chain": ["A", "B", "C"]}]}');
 SELECT dwarf.define('ch_fail', '{"tasks": {"A": "ch.write", "B": "ch.write", "C": "ch.boom",
   "D": "ch.noop"}, "transitions": [{"chain": ["A", "B", "C", "D"]}]}');
 SELECT dwarf.define('ch_nap', '{"tasks": {"A": "ch.noop", "B": "ch.nap", "C": "ch.noop"},
@@ -54,6 +60,9 @@ SELECT status, ch.commits(flow_id) <= 2 AS one_or_two_commits,
 -- A successor sees its predecessors' writes.
 INSERT INTO ch.runs SELECT 'seen', flow_id, status, state, error FROM dwarf.run('ch_seen', '{}');
 SELECT status, state->'seen' AS seen FROM ch.runs WHERE name = 'seen';
+INSERT INTO ch.runs SELECT 'seen_stable', flow_id, status, state, error
+  FROM dwarf.run('ch_seen_stable', '{}');
+SELECT status, state->'seen' AS seen FROM ch.runs WHERE name = 'seen_stable';
 
 -- The third step fails: the flow fails, the first two steps' writes stay
 -- (once each), the failing step's write is gone, D never runs.

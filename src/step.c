@@ -21,6 +21,7 @@
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/numeric.h"
@@ -227,12 +228,89 @@ IsContention(int sqlerrcode)
 
 
 /*
+ * Errors of the server rather than of the task: a full disk, memory or
+ * another resource run short (class 53), an I/O error (58000, 58030).  A
+ * step that meets one is not failed: it runs again later (see DeferStep).
+ */
+static bool
+IsServerTrouble(int sqlerrcode)
+{
+	return ERRCODE_TO_CATEGORY(sqlerrcode) == ERRCODE_INSUFFICIENT_RESOURCES ||
+		sqlerrcode == ERRCODE_SYSTEM_ERROR ||
+		sqlerrcode == ERRCODE_IO_ERROR;
+}
+
+/* A step put off by server trouble, and how often in a row. */
+typedef struct Deferral
+{
+	int64		flow_id;		/* key: the step's flow, token and visit */
+	int			token_id;
+	int			visits;
+	int			times;
+} Deferral;
+
+static HTAB *Deferrals = NULL;
+
+/*
+ * Puts off a step that met server trouble: it runs again after a backoff
+ * that doubles from DWARF_DEFER_FIRST_MS up to DWARF_DEFER_MAX_MS for as
+ * long as the trouble lasts (a disk that fills up must not fail every flow
+ * for good).  Nothing is recorded: the step's writes rolled back.
+ */
+static void
+DeferStep(FlowRun *flow, Token *token, ErrorData *edata)
+{
+	Deferral	key = {flow->id, token->id, token->visits, 0};
+	Deferral   *d;
+	bool		found;
+	int64		delay_ms;
+
+	if (Deferrals == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = offsetof(Deferral, times);
+		ctl.entrysize = sizeof(Deferral);
+		ctl.hcxt = TopMemoryContext;
+		Deferrals = hash_create("dwarf deferred steps", 64, &ctl,
+								HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	if (hash_get_num_entries(Deferrals) >= DWARF_MAX_DEFERRALS)
+	{
+		hash_destroy(Deferrals);	/* forgetting only shortens some backoffs */
+		Deferrals = NULL;
+		DeferStep(flow, token, edata);
+		return;
+	}
+	d = hash_search(Deferrals, &key, HASH_ENTER, &found);
+	d->times = found ? d->times + 1 : 1;
+	delay_ms = Min((int64) DWARF_DEFER_FIRST_MS << Min(d->times - 1, 16), DWARF_DEFER_MAX_MS);
+	token->due = GetCurrentTimestamp() + delay_ms * 1000;
+	ereport(LOG,
+			(errmsg("dwarf: task \"%s\" of flow " INT64_FORMAT " met a server error, running it again in " INT64_FORMAT " ms: %s",
+					flow->graph->nodes[token->node].name, flow->id, delay_ms, edata->message),
+			 errdetail("SQLSTATE %s is the server's trouble, not the task's: the step is not failed.",
+					   unpack_sql_state(edata->sqlerrcode))));
+}
+
+/* A step that ran (or failed on its own) is no longer put off. */
+static void
+EndDeferral(FlowRun *flow, int token_id, int visits)
+{
+	Deferral	key = {flow->id, token_id, visits, 0};
+
+	if (Deferrals != NULL && hash_get_num_entries(Deferrals) > 0)
+		(void) hash_search(Deferrals, &key, HASH_REMOVE, NULL);
+}
+
+/*
  * Runs one step.  Isolated, the task and the transition run in a
  * subtransaction, and an error there becomes the step's outcome; otherwise
  * an error aborts the whole batch.  With shared (other steps ran before it
  * in this transaction, or it ran alone fewer than DWARF_CONTENTION_TRIES
  * times), a lock conflict is not the task's fault: the step is given back
- * untouched (STEP_CONTENDED) to run alone.
+ * untouched (STEP_CONTENDED) to run alone.  An error of the server rather
+ * than of the task puts the step off (STEP_DEFERRED), untouched too.
  */
 StepResult
 RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
@@ -245,6 +323,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 	int			token_id = token->id;
 	int			node = token->node;
 	int			attempt = token->attempt;
+	int			visits = token->visits;
 	volatile bool advancing = false;	/* set in PG_TRY, read in PG_CATCH */
 	StepResult	result = STEP_DONE;
 	volatile TimestampTz returned = 0; /* when the task returned, if it did */
@@ -305,6 +384,11 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 		CurrentResourceOwner = owner;
 		if (shared && !advancing && IsContention(edata->sqlerrcode))
 			result = STEP_CONTENDED;	/* given back untouched, below */
+		else if (!advancing && IsServerTrouble(edata->sqlerrcode))
+		{
+			DeferStep(flow, token, edata);
+			result = STEP_DEFERRED;
+		}
 		else
 		{
 			outcome.kind = OUTCOME_ERROR;
@@ -321,8 +405,9 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 		}
 	}
 	PG_END_TRY();
-	if (result == STEP_CONTENDED)
+	if (result == STEP_CONTENDED || result == STEP_DEFERRED)
 		return result;
+	EndDeferral(flow, token_id, visits);
 
 	finished = returned ? returned : GetCurrentTimestamp();
 	NoteTaskTime(&flow->graph->nodes[node], finished - started);

@@ -202,6 +202,22 @@ typedef struct Batch
 	bool		alone;			/* one step, which met a lock conflict */
 } Batch;
 
+/*
+ * Each step of a batch sees what the steps before it wrote, as a statement
+ * after another would: a command counter increment and a snapshot of its
+ * own, as the logical replication apply worker takes per change.  A
+ * STABLE task (or a SQL function inlined into one) reads through the
+ * active snapshot, so the batch's first snapshot would hide its
+ * predecessor's rows from it.
+ */
+static void
+NewStepSnapshot(void)
+{
+	CommandCounterIncrement();
+	PopActiveSnapshot();
+	PushActiveSnapshot(GetTransactionSnapshot());
+}
+
 /* Runs one entry's step, and chains its successors into the batch. */
 static void
 RunEntry(Batch *b, ReadyEntry *entry, int index)
@@ -219,6 +235,7 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 		token->running = false; /* queued again after the commit */
 		return;
 	}
+	NewStepSnapshot();
 	result = RunStep(flow, token, b->isolated,
 					 b->alone ? entry->contended < DWARF_CONTENTION_TRIES : b->ran > 0);
 	token = FlowFindToken(flow, entry->token_id);
@@ -233,6 +250,12 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 		Alone = lappend(Alone, copy);
 		MemoryContextSwitchTo(old);
 		return;					/* still "running": no one else queues it */
+	}
+	if (result == STEP_DEFERRED)
+	{
+		if (token)
+			token->running = false; /* on the timer heap after the commit */
+		return;
 	}
 	b->ran++;
 	if (token)

@@ -97,8 +97,14 @@ typedef enum StepResult
 {
 	STEP_DONE,					/* ran, and its row is recorded */
 	STEP_BROKEN,				/* an error left the flow half moved on: reload it */
-	STEP_CONTENDED				/* met a lock conflict while sharing: run it alone */
+	STEP_CONTENDED,				/* met a lock conflict while sharing: run it alone */
+	STEP_DEFERRED				/* met server trouble (disk full): run it later */
 } StepResult;
+
+/* Backoff of a step put off by server trouble: doubling, from and up to. */
+#define DWARF_DEFER_FIRST_MS	500
+#define DWARF_DEFER_MAX_MS		60000
+#define DWARF_MAX_DEFERRALS		10000
 
 /*
  * A step that met a lock conflict runs alone, up to this many times: even
