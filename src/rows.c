@@ -26,6 +26,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "rewrite/rewriteHandler.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_relation.h"
@@ -42,22 +43,34 @@
 #include "json.h"
 #include "rows.h"
 
-/* One of dwarf's tables, opened as a result relation for this transaction. */
+/*
+ * One of dwarf's tables, opened as a result relation for this transaction,
+ * with where the columns dwarf writes are in it (found by name at each
+ * open, so that a column an administrator added or dropped moves nothing)
+ * and the defaults of the columns dwarf does not know.
+ */
 typedef struct RowTable
 {
 	const char *name;
+	const char *const *columns;	/* the columns dwarf writes, in its order */
+	int			ncolumns;
 	Relation	rel;
 	ResultRelInfo *rri;
 	TupleTableSlot *slot;		/* a row to write */
 	TupleTableSlot *old;		/* a row read to update */
 	Relation	pkey;			/* its primary key's index, among rri's */
+	AttrNumber *column;			/* 0-based attribute of each of columns */
+	int			ndefaults;		/* other columns that have a default: */
+	AttrNumber *default_att;	/* ... which (0-based) */
+	ExprState **default_expr;	/* ... and its expression */
 } RowTable;
 
-static EState *RowsState = NULL;	/* this transaction's, or NULL */
-static RowTable Steps = {"step"};
-static RowTable Flows = {"flow"};
+static const char *const StepColumnNames[SC_COUNT] = {
+	"flow_id", "step_id", "token", "task", "status", "attempt", "started_at",
+	"finished_at", "changes", "goto_task", "wake_at", "signal", "error"
+};
 
-/* dwarf.flow's columns this file writes, found by name once per worker. */
+/* dwarf.flow's columns this file writes. */
 enum
 {
 	FC_ID, FC_GRAPH_ID, FC_STATUS, FC_OWNER, FC_PRIORITY, FC_INPUT, FC_STATE, FC_ERROR,
@@ -69,25 +82,52 @@ static const char *const FlowColumnNames[FC_COUNT] = {
 	"thread", "baggage", "fairness_key", "fairness_weight", "time_budget",
 	"delete_on_completion", "created_at", "finished_at"
 };
-static AttrNumber FlowColumn[FC_COUNT];	/* 0-based */
-static bool FlowColumnsFound = false;
 
+static EState *RowsState = NULL;	/* this transaction's, or NULL */
+static RowTable Steps = {"step", StepColumnNames, SC_COUNT};
+static RowTable Flows = {"flow", FlowColumnNames, FC_COUNT};
+
+/*
+ * Finds where dwarf's columns are in the table, and prepares the defaults
+ * of the others: a column an administrator added gets its default, as an
+ * INSERT that does not name it would give it; a dropped one is skipped.
+ * A column of dwarf's that is gone is an error that says so.
+ */
 static void
-FindFlowColumns(Relation rel)
+FindColumns(RowTable *t)
 {
+	TupleDesc	desc = RelationGetDescr(t->rel);
+	bool	   *ours = palloc0(sizeof(bool) * desc->natts);
 	int			i;
 
-	if (FlowColumnsFound)
-		return;
-	for (i = 0; i < FC_COUNT; i++)
+	t->column = palloc(sizeof(AttrNumber) * t->ncolumns);
+	for (i = 0; i < t->ncolumns; i++)
 	{
-		AttrNumber	attnum = attnameAttNum(rel, FlowColumnNames[i], false);
+		AttrNumber	attnum = attnameAttNum(t->rel, t->columns[i], false);
 
 		if (attnum <= 0)
-			elog(ERROR, "dwarf: dwarf.flow has no column %s", FlowColumnNames[i]);
-		FlowColumn[i] = attnum - 1;
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_COLUMN),
+					 errmsg("dwarf.%s has no column \"%s\"", t->name, t->columns[i]),
+					 errdetail("dwarf writes that column for every row."),
+					 errhint("Add the column back as the extension made it, or drop and create the extension again.")));
+		t->column[i] = attnum - 1;
+		ours[attnum - 1] = true;
 	}
-	FlowColumnsFound = true;
+	t->ndefaults = 0;
+	t->default_att = palloc(sizeof(AttrNumber) * desc->natts);
+	t->default_expr = palloc(sizeof(ExprState *) * desc->natts);
+	for (i = 0; i < desc->natts; i++)
+	{
+		Node	   *expr;
+
+		if (ours[i] || TupleDescAttr(desc, i)->attisdropped ||
+			(expr = build_column_default(t->rel, i + 1)) == NULL)
+			continue;
+		t->default_att[t->ndefaults] = i;
+		t->default_expr[t->ndefaults++] = ExecPrepareExpr((Expr *) expr, RowsState);
+	}
+	pfree(ours);
 }
 
 static RowTable *
@@ -116,10 +156,28 @@ OpenTable(RowTable *t)
 			t->pkey = t->rri->ri_IndexRelationDescs[i];
 	t->slot = table_slot_create(t->rel, NULL);
 	t->old = table_slot_create(t->rel, NULL);
+	FindColumns(t);
 	MemoryContextSwitchTo(old);
-	if (t == &Flows)
-		FindFlowColumns(t->rel);
 	return t;
+}
+
+/*
+ * Starts a new row in t->slot: every column NULL but the defaults of the
+ * columns dwarf does not write.  Returns the slot's values and nulls.
+ */
+static void
+NewRow(RowTable *t)
+{
+	TupleTableSlot *slot = t->slot;
+	ExprContext *econtext = GetPerTupleExprContext(RowsState);
+	int			i;
+
+	ExecClearTuple(slot);
+	memset(slot->tts_isnull, true, sizeof(bool) * RelationGetDescr(t->rel)->natts);
+	for (i = 0; i < t->ndefaults; i++)
+		slot->tts_values[t->default_att[i]] =
+			ExecEvalExprSwitchContext(t->default_expr[i], econtext,
+									  &slot->tts_isnull[t->default_att[i]]);
 }
 
 static void
@@ -172,18 +230,19 @@ InsertSlot(RowTable *t)
 	ResetPerTupleExprContext(RowsState);
 }
 
-/* Appends a step's row (its columns in dwarf.step's order). */
+/* Appends a step's row: values and nulls indexed by StepColumn. */
 void
-RowsInsertStep(Datum *values, bool *nulls, int natts)
+RowsInsertStep(Datum *values, bool *nulls)
 {
 	RowTable   *t = OpenTable(&Steps);
+	int			i;
 
-	if (RelationGetDescr(t->rel)->natts != natts)
-		elog(ERROR, "dwarf: dwarf.step has %d columns, not %d",
-			 RelationGetDescr(t->rel)->natts, natts);
-	ExecClearTuple(t->slot);
-	memcpy(t->slot->tts_values, values, sizeof(Datum) * natts);
-	memcpy(t->slot->tts_isnull, nulls, sizeof(bool) * natts);
+	NewRow(t);
+	for (i = 0; i < SC_COUNT; i++)
+	{
+		t->slot->tts_values[t->column[i]] = values[i];
+		t->slot->tts_isnull[t->column[i]] = nulls[i];
+	}
 	InsertSlot(t);
 }
 
@@ -299,11 +358,10 @@ RowsInsertFlow(int64 id, int32 graph_id, Oid owner, int32 priority, Jsonb *input
 	row->priority = priority;
 	row->input = input;
 
-	ExecClearTuple(t->slot);
+	NewRow(t);
 	values = t->slot->tts_values;
 	nulls = t->slot->tts_isnull;
-	memset(nulls, true, sizeof(bool) * RelationGetDescr(t->rel)->natts);
-#define SET(col, datum) (values[FlowColumn[col]] = (datum), nulls[FlowColumn[col]] = false)
+#define SET(col, datum) (values[t->column[col]] = (datum), nulls[t->column[col]] = false)
 	SET(FC_ID, Int64GetDatum(id));
 	SET(FC_GRAPH_ID, Int32GetDatum(graph_id));
 	SET(FC_STATUS, CStringGetTextDatum("running"));
@@ -360,8 +418,8 @@ RowsCloseFlow(int64 id, bool completed, Jsonb *state, const char *error)
 	index_endscan(scan);
 	if (found)
 		slot_getallattrs(t->old);
-	if (!found || t->old->tts_isnull[FlowColumn[FC_STATUS]] ||
-		strcmp(TextDatumGetCString(t->old->tts_values[FlowColumn[FC_STATUS]]), "running") != 0)
+	if (!found || t->old->tts_isnull[t->column[FC_STATUS]] ||
+		strcmp(TextDatumGetCString(t->old->tts_values[t->column[FC_STATUS]]), "running") != 0)
 	{
 		/* gone or closed: the UPDATE's WHERE would leave it, as we do */
 		ExecClearTuple(t->old);
@@ -372,13 +430,13 @@ RowsCloseFlow(int64 id, bool completed, Jsonb *state, const char *error)
 	ExecClearTuple(t->slot);
 	memcpy(t->slot->tts_values, t->old->tts_values, sizeof(Datum) * natts);
 	memcpy(t->slot->tts_isnull, t->old->tts_isnull, sizeof(bool) * natts);
-	t->slot->tts_values[FlowColumn[FC_STATUS]] = CStringGetTextDatum(completed ? "completed" : "failed");
-	t->slot->tts_values[FlowColumn[FC_STATE]] = state ? JsonbPGetDatum(state) : (Datum) 0;
-	t->slot->tts_isnull[FlowColumn[FC_STATE]] = state == NULL;
-	t->slot->tts_values[FlowColumn[FC_ERROR]] = error ? CStringGetTextDatum(error) : (Datum) 0;
-	t->slot->tts_isnull[FlowColumn[FC_ERROR]] = error == NULL;
-	t->slot->tts_values[FlowColumn[FC_FINISHED_AT]] = TimestampTzGetDatum(GetCurrentTimestamp()); /* clock_timestamp() */
-	t->slot->tts_isnull[FlowColumn[FC_FINISHED_AT]] = false;
+	t->slot->tts_values[t->column[FC_STATUS]] = CStringGetTextDatum(completed ? "completed" : "failed");
+	t->slot->tts_values[t->column[FC_STATE]] = state ? JsonbPGetDatum(state) : (Datum) 0;
+	t->slot->tts_isnull[t->column[FC_STATE]] = state == NULL;
+	t->slot->tts_values[t->column[FC_ERROR]] = error ? CStringGetTextDatum(error) : (Datum) 0;
+	t->slot->tts_isnull[t->column[FC_ERROR]] = error == NULL;
+	t->slot->tts_values[t->column[FC_FINISHED_AT]] = TimestampTzGetDatum(GetCurrentTimestamp()); /* clock_timestamp() */
+	t->slot->tts_isnull[t->column[FC_FINISHED_AT]] = false;
 	ExecStoreVirtualTuple(t->slot);
 	if (t->rel->rd_att->constr)
 		ExecConstraints(t->rri, t->slot, RowsState);

@@ -128,7 +128,7 @@ PreparePlans(void)
 		1, int8_type);
 	FailFlowPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = clock_timestamp()"
-		" WHERE id = $1 AND status IN ('running', 'interrupted')",
+		" WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id",
 		2, fail_types);
 	ResumedPlan = PrepareKept(
 		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
@@ -430,11 +430,7 @@ AddFlow(const FlowRow *row, bool replay)
 		 * that rolled back (dwarf.run commits its create on its own).  The
 		 * flow can never run: fail it.
 		 */
-		Datum		args[2] = {Int64GetDatum(id),
-			CStringGetTextDatum(psprintf("graph version %d of this flow does not exist", row->graph_id))};
-
-		if (SPI_execute_plan(FailFlowPlan, args, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "dwarf: could not fail flow " INT64_FORMAT, id);
+		FailFlowRow(id, psprintf("graph version %d of this flow does not exist", row->graph_id));
 		return NULL;
 	}
 	flow = hash_search(Worker.flows, &id, HASH_ENTER, &found);
@@ -637,6 +633,28 @@ LoadFlows(void)
 	list_free_deep(items);
 }
 
+/*
+ * Marks a flow failed with error, by its row alone (no step is recorded),
+ * and has its parent, if any, reload it.  For flows that cannot run or
+ * whose step cannot be recorded.
+ */
+void
+FailFlowRow(int64 id, const char *error)
+{
+	Datum		args[2] = {Int64GetDatum(id), CStringGetTextDatum(error)};
+	bool		isnull;
+	Datum		parent;
+
+	if (SPI_execute_plan(FailFlowPlan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "dwarf: could not fail flow " INT64_FORMAT, id);
+	if (SPI_processed == 0)
+		return;
+	NoteOnCommit(id, NOTE_RELOAD_FLOW, true);	/* wakes its waiters */
+	parent = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		NoteOnCommit(DatumGetInt64(parent), NOTE_RELOAD_FLOW, false);
+}
+
 /* Appends the step's row to dwarf.step, in the batch's transaction. */
 void
 RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outcome,
@@ -646,44 +664,43 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 		"completed", "failed", "retry", "interrupted", "resumed", "waiting"
 	};
 	Graph	   *graph = flow->graph;
-	Datum		values[13];
-	bool		nulls[13] = {0};
+	Datum		values[SC_COUNT];
+	bool		nulls[SC_COUNT] = {0};
 
 	if (!OidIsValid(StepSeq))
 		StepSeq = get_relname_relid("step_seq", get_namespace_oid("dwarf", false));
 
-	/* In the column order of dwarf.step. */
-	values[0] = Int64GetDatum(flow->id);
+	values[SC_FLOW_ID] = Int64GetDatum(flow->id);
 	/*
 	 * A step id carries its flow's shard in bits 48 to 62, as the flow id
 	 * does (taken from the flow, not from dwarf.shard_id, which could change
 	 * under a running flow and reorder its steps), so that a step id alone
 	 * names the shard that holds it.
 	 */
-	values[1] = Int64GetDatum((flow->id & ~((INT64CONST(1) << DWARF_SHARD_SHIFT) - 1)) |
+	values[SC_STEP_ID] = Int64GetDatum((flow->id & ~((INT64CONST(1) << DWARF_SHARD_SHIFT) - 1)) |
 							  nextval_internal(StepSeq, false));	/* ours */
-	values[2] = Int32GetDatum(token_id);
-	values[3] = CStringGetTextDatum(graph->nodes[node].name);
-	values[4] = CStringGetTextDatum(status[outcome->kind]);
-	values[5] = Int32GetDatum(attempt);
-	values[6] = TimestampTzGetDatum(started);
-	values[7] = TimestampTzGetDatum(finished);
+	values[SC_TOKEN] = Int32GetDatum(token_id);
+	values[SC_TASK] = CStringGetTextDatum(graph->nodes[node].name);
+	values[SC_STATUS] = CStringGetTextDatum(status[outcome->kind]);
+	values[SC_ATTEMPT] = Int32GetDatum(attempt);
+	values[SC_STARTED_AT] = TimestampTzGetDatum(started);
+	values[SC_FINISHED_AT] = TimestampTzGetDatum(finished);
 	if (outcome->kind == OUTCOME_OK || outcome->kind == OUTCOME_RETRY)
-		values[8] = JsonbPGetDatum(outcome->changes);
+		values[SC_CHANGES] = JsonbPGetDatum(outcome->changes);
 	else
-		nulls[8] = true;
+		nulls[SC_CHANGES] = true;
 	if (outcome->kind == OUTCOME_OK && outcome->goto_node >= 0)
-		values[9] = CStringGetTextDatum(graph->nodes[outcome->goto_node].name);
+		values[SC_GOTO_TASK] = CStringGetTextDatum(graph->nodes[outcome->goto_node].name);
 	else
-		nulls[9] = true;
-	values[10] = TimestampTzGetDatum(outcome->wake_at);
-	nulls[10] = outcome->wake_at == 0;
-	values[11] = JsonbPGetDatum(outcome->signal);
-	nulls[11] = outcome->signal == NULL;
-	values[12] = JsonbPGetDatum(outcome->error);
-	nulls[12] = outcome->kind != OUTCOME_ERROR;
+		nulls[SC_GOTO_TASK] = true;
+	values[SC_WAKE_AT] = TimestampTzGetDatum(outcome->wake_at);
+	nulls[SC_WAKE_AT] = outcome->wake_at == 0;
+	values[SC_SIGNAL] = JsonbPGetDatum(outcome->signal);
+	nulls[SC_SIGNAL] = outcome->signal == NULL;
+	values[SC_ERROR] = JsonbPGetDatum(outcome->error);
+	nulls[SC_ERROR] = outcome->kind != OUTCOME_ERROR;
 
-	RowsInsertStep(values, nulls, lengthof(values));
+	RowsInsertStep(values, nulls);
 }
 
 /* Sets up the graph cache; once, when the worker starts. */

@@ -200,6 +200,7 @@ typedef struct Batch
 	int32		chain_limit;	/* the worst priority whose successors chain */
 	bool		isolated;		/* each step in a subtransaction */
 	bool		alone;			/* one step, which met a lock conflict */
+	const char *task;			/* of the step run last */
 } Batch;
 
 /*
@@ -236,6 +237,7 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 		return;
 	}
 	NewStepSnapshot();
+	b->task = flow->graph->nodes[token->node].name;
 	result = RunStep(flow, token, b->isolated,
 					 b->alone ? entry->contended < DWARF_CONTENTION_TRIES : b->ran > 0);
 	token = FlowFindToken(flow, entry->token_id);
@@ -289,13 +291,10 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
  * subtransaction.
  */
 static void
-BatchRolledBack(Batch *b, ErrorData *edata)
+ReloadBatch(Batch *b)
 {
 	ListCell   *lc;
 
-	ereport(LOG,
-			(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
-					list_length(b->entries), edata->message)));
 	pg_atomic_fetch_add_u64(&Worker.slot->aborted_batches, 1);
 	IntakeRolledBack();			/* its creates are made again, apart */
 	foreach(lc, b->entries)
@@ -312,7 +311,126 @@ BatchRolledBack(Batch *b, ErrorData *edata)
 	}
 	list_free_deep(Alone);		/* they are reloaded too */
 	Alone = NIL;
+}
+
+static void
+BatchRolledBack(Batch *b, ErrorData *edata)
+{
+	ereport(LOG,
+			(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
+					list_length(b->entries), edata->message)));
+	ReloadBatch(b);
 	IsolateNext = true;
+}
+
+/* ---------- errors outside the tasks ---------- */
+
+/*
+ * An error outside any task (recording a step, closing a flow, the commit,
+ * loading flows) is not a task's, and must not become a restart loop: the
+ * worker says what it is, reloads what it holds from the tables, and backs
+ * off, from DWARF_BACKOFF_FIRST_MS doubling up to DWARF_BACKOFF_MAX_MS for
+ * as long as such errors keep coming without a commit between them.  A
+ * batch of several steps that failed so runs again one step a batch, to
+ * find whose step it is; a step that fails alone outside its task
+ * DWARF_OUTSIDE_TRIES times while other batches commit (so the trouble is
+ * its own, not the worker's) fails its flow with an error that says so.
+ */
+#define DWARF_BACKOFF_FIRST_MS	100
+#define DWARF_BACKOFF_MAX_MS	30000
+#define DWARF_OUTSIDE_TRIES		3
+
+static int	OutsideErrors = 0;	/* in a row, without a commit between */
+static TimestampTz BackoffUntil = 0;
+static int	SingleNext = 0;		/* batches still to run one step each */
+static uint64 Commits = 0;		/* batches committed */
+
+/* A step whose batch of one failed outside its task. */
+typedef struct OutsideSuspect
+{
+	int64		flow_id;		/* key: flow and token */
+	int			token_id;
+	int			times;
+	uint64		commits;		/* Commits at its first failure */
+} OutsideSuspect;
+
+static HTAB *OutsideSuspects = NULL;
+
+/* One more error outside the tasks: the next batch waits a while. */
+static void
+BackOff(ErrorData *edata)
+{
+	int64		ms;
+
+	OutsideErrors++;
+	ms = Min((int64) DWARF_BACKOFF_FIRST_MS << Min(OutsideErrors - 1, 20), DWARF_BACKOFF_MAX_MS);
+	BackoffUntil = GetCurrentTimestamp() + ms * 1000;
+	ereport(LOG,
+			(errmsg("dwarf worker %d: error outside any task (%d in a row), trying again in " INT64_FORMAT " ms: %s",
+					Worker.slot->index, OutsideErrors, ms, edata->message),
+			 errdetail("SQLSTATE %s.%s%s", unpack_sql_state(edata->sqlerrcode),
+					   edata->detail ? " " : "", edata->detail ? edata->detail : "")));
+}
+
+/*
+ * The step of a batch of one failed outside its task.  Its flow fails once
+ * that has happened DWARF_OUTSIDE_TRIES times and other batches committed
+ * meanwhile; before, it is only counted.
+ */
+static void
+BlameOutside(ReadyEntry *entry, const char *task, ErrorData *edata)
+{
+	OutsideSuspect key = {entry->flow_id, entry->token_id, 0, 0};
+	OutsideSuspect *suspect;
+	bool		found;
+	char	   *error;
+
+	if (task == NULL)
+		return;					/* the error came before the step ran */
+	if (OutsideSuspects == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = offsetof(OutsideSuspect, times);
+		ctl.entrysize = sizeof(OutsideSuspect);
+		ctl.hcxt = TopMemoryContext;
+		OutsideSuspects = hash_create("dwarf outside suspects", 16, &ctl,
+									  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	suspect = hash_search(OutsideSuspects, &key, HASH_ENTER, &found);
+	if (!found)
+	{
+		suspect->times = 0;
+		suspect->commits = Commits;
+	}
+	if (++suspect->times < DWARF_OUTSIDE_TRIES || Commits == suspect->commits)
+		return;
+	hash_search(OutsideSuspects, &key, HASH_REMOVE, NULL);
+
+	error = psprintf("dwarf could not record the step of task \"%s\" (%d tries, while other steps could be recorded): %s",
+					 task, DWARF_OUTSIDE_TRIES, edata->message);
+	ereport(LOG,
+			(errmsg("dwarf: failing flow " INT64_FORMAT ": %s", entry->flow_id, error)));
+	BeginBatch();
+	FailFlowRow(entry->flow_id, error);
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+}
+
+/*
+ * An isolated batch failed outside its tasks, and is rolled back: its
+ * flows are reloaded, and the worker backs off.
+ */
+static void
+BatchFailedOutside(Batch *b, ErrorData *edata)
+{
+	if (list_length(b->entries) == 1)
+		BlameOutside(linitial(b->entries), b->task, edata);
+	else
+		SingleNext = Max(SingleNext, list_length(b->entries));
+	BackOff(edata);
+	ReloadBatch(b);
 }
 
 /*
@@ -350,6 +468,8 @@ BatchCommitted(Batch *b)
 	DwarfWakeWaiters(b->parked, b->nparked);
 	pgstat_report_stat(false);	/* WAL and commit counters, at most once a second */
 	pg_atomic_fetch_add_u64(&Worker.slot->batches, 1);
+	Commits++;
+	OutsideErrors = 0;
 	list_free_deep(b->entries);
 }
 
@@ -416,10 +536,14 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		edata = AbortAfterError(Worker.batch_context);
 		DwarfCurrentStep = NULL;
 		pgstat_report_activity(STATE_IDLE, NULL);
-		if (isolated)
+		if (isolated && Worker.is_runner)	/* its worker blames the step */
 			ereport(ERROR,
-					(errmsg("dwarf: a batch failed outside its tasks: %s", edata->message)));
-		BatchRolledBack(b, edata);
+					(errcode(edata->sqlerrcode),
+					 errmsg("dwarf: a step failed outside its task: %s", edata->message)));
+		if (isolated)
+			BatchFailedOutside(b, edata);
+		else
+			BatchRolledBack(b, edata);
 		return;
 	}
 	PG_END_TRY();
@@ -502,8 +626,17 @@ RunBatch(List *requests)
 	Assert(requests == NIL || BatchTakesRequests());
 	if (RunAloneStep())
 		return;
-	batch = LendSlowSteps(PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
-								   : dwarf_batch_size));
+	if (SingleNext > 0)			/* one step, unchained: whose is the error? */
+	{
+		SingleNext--;
+		batch = LendSlowSteps(PopBatch(1));
+		if (batch != NIL)
+			RunEntries(batch, true, true, NIL);
+		return;
+	}
+	else
+		batch = LendSlowSteps(PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
+									   : dwarf_batch_size));
 	if (batch == NIL && requests == NIL)
 		return;					/* an isolated batch is still owed: keep the flag */
 	IsolateNext = false;
@@ -517,7 +650,7 @@ RunBatch(List *requests)
 static bool
 BatchTakesRequests(void)
 {
-	return !IsolateNext && Alone == NIL;
+	return !IsolateNext && Alone == NIL && SingleNext == 0;
 }
 
 /* ---------- notes and the main loop ---------- */
@@ -598,6 +731,43 @@ ExitIfNotInstalled(void)
 	}
 }
 
+/*
+ * Recovers from an error that reached the worker's loop (outside any
+ * batch's own handling: loading flows, a create made apart, failing a
+ * flow): the transaction is rolled back, every flow in memory is dropped
+ * and loaded again from the tables, and the worker backs off.
+ */
+static void
+RecoverFromError(void)
+{
+	ErrorData  *edata;
+	HASH_SEQ_STATUS seq;
+	FlowRun    *flow;
+
+	HOLD_INTERRUPTS();
+	error_context_stack = NULL;
+	disable_all_timeouts(false);
+	QueryCancelPending = false;
+	DwarfCurrentStep = NULL;
+	CrashesNoteStep(0, 0);
+	EmitErrorReport();
+	edata = AbortAfterError(Worker.batch_context);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	if (!Worker.is_runner)
+		ClearRunningPriority();
+	IntakeRolledBack();
+	list_free_deep(Alone);
+	Alone = NIL;
+	hash_seq_init(&seq, Worker.flows);
+	while ((flow = hash_seq_search(&seq)) != NULL)
+		DropFlow(flow);
+	list_free_deep(Worker.to_load);
+	Worker.to_load = NIL;
+	Worker.full_scan = true;
+	BackOff(edata);
+	RESUME_INTERRUPTS();
+}
+
 static void
 WorkerShutdown(int code, Datum arg)
 {
@@ -637,6 +807,8 @@ WorkerInit(void)
 void
 DwarfWorkerMain(Datum arg)
 {
+	sigjmp_buf	local_sigjmp_buf;
+
 	Worker.slot = &Dwarf->workers[DatumGetInt32(arg)];
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
@@ -658,11 +830,17 @@ DwarfWorkerMain(Datum arg)
 
 	ereport(LOG, (errmsg("dwarf worker %d started", Worker.slot->index)));
 
+	/* An error that escapes a batch comes back here (RecoverFromError). */
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
+		RecoverFromError();
+	PG_exception_stack = &local_sigjmp_buf;
+
 	for (;;)
 	{
 		List	   *requests = NIL;
 		long		next_timer;
 		long		runner_timer;
+		TimestampTz now;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -670,6 +848,14 @@ DwarfWorkerMain(Datum arg)
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 			PinSearchPath();
+		}
+		if (BackoffUntil > (now = GetCurrentTimestamp()))
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 TimestampDifferenceMilliseconds(now, BackoffUntil) + 1,
+							 PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			continue;
 		}
 
 		MemoryContextSwitchTo(Worker.batch_context);

@@ -169,6 +169,7 @@ extern void FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row);
 extern FlowRun *TakeInFlow(const FlowRow *row);
 extern void NoteLoad(int64 flow_id, bool replay);
 extern void DropFlow(FlowRun *flow);
+extern void FailFlowRow(int64 id, const char *error);
 extern void WriteClose(FlowRun *flow);
 extern void ParkRow(FlowRun *flow, Token *token);
 extern void RecordStep(FlowRun *flow, int token_id, int node, int attempt,
