@@ -136,7 +136,7 @@ StartRunner(Lent *lent)
 	}
 	slot->in_use = true;
 	slot->dboid = MyDatabaseId;
-	slot->worker = Worker.slot - Dwarf->workers;
+	slot->worker = Worker.slot->index;
 	slot->flow_id = lent->flow_id;
 	slot->token_id = lent->token_id;
 	slot->lent_at = GetCurrentTimestamp();
@@ -312,8 +312,10 @@ RunnerPoll(void)
 }
 
 /*
- * At a worker's start: the runners an earlier worker of this number lent
- * steps to may still run.  Their steps stay lent until they finish.
+ * At a worker's start: the runners an earlier worker of this number (in
+ * this database: the slot may differ) lent steps to may still run.  Their
+ * steps stay lent until they finish, and then their runner slots are freed
+ * (RunnerPoll).
  */
 void
 RunnerAdopt(void)
@@ -328,7 +330,7 @@ RunnerAdopt(void)
 
 		SpinLockAcquire(&Dwarf->mutex);
 		if (!slot->in_use || slot->dboid != MyDatabaseId ||
-			slot->worker != Worker.slot - Dwarf->workers)
+			slot->worker != Worker.slot->index)
 		{
 			SpinLockRelease(&Dwarf->mutex);
 			continue;

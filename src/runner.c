@@ -23,6 +23,27 @@
 #include "worker.h"
 
 /*
+ * The slot of the worker that lent the step, found by its number in the
+ * database (a restarted worker may have another slot).  While that worker
+ * is not running, a slot of our own stands in: the runner reads its
+ * worker's notes (a cancel) and adds to its counters, and may do without.
+ */
+static DwarfWorkerSlot *
+LenderSlot(DwarfRunnerSlot *slot)
+{
+	DwarfWorkerSlot *lender = DwarfWorkerSlotOf(slot->dboid, slot->worker);
+
+	if (lender == NULL)
+	{
+		lender = MemoryContextAllocZero(TopMemoryContext, sizeof(DwarfWorkerSlot));
+		SpinLockInit(&lender->mutex);
+		lender->dboid = slot->dboid;
+		lender->index = slot->worker;
+	}
+	return lender;
+}
+
+/*
  * Entry point of a runner: runs the one step its slot names, if its flow
  * still runs and the step is still where it was lent, then says so.
  */
@@ -32,6 +53,7 @@ DwarfRunnerMain(Datum arg)
 	DwarfRunnerSlot *slot = &Dwarf->runners[DatumGetInt32(arg)];
 	FlowRun    *flow;
 	Token	   *token;
+	DwarfWorkerSlot *lender;
 	Latch	   *latch;
 
 	pqsignal(SIGTERM, die);
@@ -43,7 +65,7 @@ DwarfRunnerMain(Datum arg)
 	pgstat_report_appname("dwarf runner");
 
 	Worker.is_runner = true;
-	Worker.slot = &Dwarf->workers[slot->worker];
+	Worker.slot = LenderSlot(slot);
 	WorkerInit();
 	CrashesInitRunner(DatumGetInt32(arg));
 	Worker.full_scan = false;
@@ -69,7 +91,8 @@ DwarfRunnerMain(Datum arg)
 	SpinLockAcquire(&slot->mutex);
 	slot->done = true;
 	SpinLockRelease(&slot->mutex);
-	latch = Worker.slot->latch;
+	lender = DwarfWorkerSlotOf(slot->dboid, slot->worker);	/* it may have restarted */
+	latch = lender ? lender->latch : NULL;
 	if (latch)
 		SetLatch(latch);
 	proc_exit(0);

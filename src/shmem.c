@@ -99,7 +99,16 @@ DwarfWorkerOf(int64 flow_id)
 DwarfWorkerSlot *
 DwarfOwnerSlot(Oid dboid, int64 flow_id)
 {
-	int			index = DwarfWorkerOf(flow_id);
+	return DwarfWorkerSlotOf(dboid, DwarfWorkerOf(flow_id));
+}
+
+/*
+ * The slot of a database's worker number index, if that worker runs (a
+ * worker keeps its number across restarts, not its slot); NULL if not.
+ */
+DwarfWorkerSlot *
+DwarfWorkerSlotOf(Oid dboid, int index)
+{
 	int			i;
 
 	if (Dwarf == NULL)

@@ -112,7 +112,9 @@ typedef struct DwarfRunnerSlot
 {
 	bool		in_use;			/* under DwarfShared.mutex */
 	Oid			dboid;
-	int			worker;			/* the lender's slot in DwarfShared.workers */
+	int			worker;			/* the lender's number in its database (its slot's
+								 * index): a restarted lender may get another
+								 * slot, and adopts its runners by this */
 	int64		flow_id;
 	int32		token_id;
 	TimestampTz lent_at;
@@ -155,6 +157,7 @@ extern DwarfShared *Dwarf;
 extern void DwarfShmemRequest(void);
 extern void DwarfShmemStartup(void);
 extern DwarfWorkerSlot *DwarfOwnerSlot(Oid dboid, int64 flow_id);
+extern DwarfWorkerSlot *DwarfWorkerSlotOf(Oid dboid, int index);
 extern bool DwarfPushNote(DwarfWorkerSlot *slot, int64 flow_id, DwarfNoteKind kind);
 extern void DwarfWakeLauncher(void);
 extern void DwarfWakeWaiters(int64 *flow_ids, int n);

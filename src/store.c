@@ -66,6 +66,7 @@ static SPIPlanPtr ResumedPlan = NULL;
 static SPIPlanPtr FailFlowPlan = NULL;
 static SPIPlanPtr OrphanPlan = NULL;
 static SPIPlanPtr ChildClosedPlan = NULL;
+static SPIPlanPtr StillRunsPlan = NULL;
 
 /* Prepares the worker's statements once; they stay for the worker's life. */
 void
@@ -133,6 +134,23 @@ PreparePlans(void)
 	ResumedPlan = PrepareKept(
 		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
 		1, int8_type);
+	StillRunsPlan = PrepareKept(
+		"SELECT 1 FROM dwarf.flow WHERE id = $1 AND status = 'running' FOR SHARE",
+		1, int8_type);
+}
+
+/*
+ * Does this flow still run?  Its row is locked against a change until the
+ * transaction ends: a cancel (or an archive) from now on comes after it.
+ */
+bool
+FlowStillRuns(int64 flow_id)
+{
+	Datum		arg = Int64GetDatum(flow_id);
+
+	if (SPI_execute_plan(StillRunsPlan, &arg, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
+	return SPI_processed == 1;
 }
 
 /* A compiled graph version, from the cache or the table; NULL if there is none. */

@@ -521,6 +521,19 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		foreach(lc, b->entries)
 			RunEntry(b, lfirst(lc), foreach_current_index(lc));
 		RowsEnd();
+		if (Worker.is_runner && !FlowStillRuns(((ReadyEntry *) linitial(b->entries))->flow_id))
+		{
+			/*
+			 * The runner's flow was cancelled (or closed and archived)
+			 * while its step ran: nothing of the step is kept.  The check
+			 * locks the row, so a cancel after it waits for our commit.
+			 */
+			PopActiveSnapshot();
+			SPI_finish();
+			AbortCurrentTransaction();
+			CrashesNoteStep(0, 0);
+			return;
+		}
 		PopActiveSnapshot();
 		SPI_finish();
 		CommitTransactionCommand();

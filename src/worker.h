@@ -170,6 +170,7 @@ extern FlowRun *TakeInFlow(const FlowRow *row);
 extern void NoteLoad(int64 flow_id, bool replay);
 extern void DropFlow(FlowRun *flow);
 extern void FailFlowRow(int64 id, const char *error);
+extern bool FlowStillRuns(int64 flow_id);
 extern void WriteClose(FlowRun *flow);
 extern void ParkRow(FlowRun *flow, Token *token);
 extern void RecordStep(FlowRun *flow, int token_id, int node, int attempt,
