@@ -135,6 +135,7 @@ CrashesQuit(SIGNAL_ARGS)
 
 /* ---------- suspects (under Dwarf->mutex) ---------- */
 
+/* The suspect that is this step, or NULL. */
 static CrashStep *
 FindSuspect(Oid dboid, int64 flow_id, int token_id)
 {
@@ -234,6 +235,7 @@ CopyMine(void)
 	MineValid = true;
 }
 
+/* This step, if this transaction ran or failed it as a suspect; or NULL. */
 static FinishedStep *
 FindFinished(int64 flow_id, int token_id)
 {

@@ -123,6 +123,8 @@ if (defined $pid)
 {
 	is($node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)"), 't',
 		'pg_terminate_backend of the worker running the step');
+	$node->poll_query_until('postgres', "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid")
+	  or diag "worker $pid still runs";
 	like(wait_napping($node, $x), qr/^dwarf (worker|runner):\d+$/,
 		'the step runs again after its worker was terminated');
 }
