@@ -396,9 +396,9 @@ MapCrashFile(void)
 	if (first && fd >= 0 && !StampMatches(fd))
 	{
 		ereport(LOG,
-				(errmsg("dwarf: \"%s\" was not made by this server, here; it starts afresh",
+				(errmsg("dwarf: \"%s\" is not this data directory's own; it starts afresh",
 						CRASH_FILE),
-				 errdetail("A copy of a data directory does not blame its steps for crashes on the server it was copied from.")));
+				 errdetail("It was copied from another data directory, or made by another version of dwarf: the steps it names did not end a process here.")));
 		CloseTransientFile(fd);
 		fd = -1;
 	}

@@ -159,7 +159,7 @@ $copy->start;
 wait_for_workers($copy, 'the copy runs its workers');
 is(open_gate_and_wait($copy, $z), 'completed ', 'the flow completes on the copy');
 is(blamed($copy), '', 'the copy blames no step for the source\'s step in flight');
-like(slurp_file($copy->logfile), qr/"dwarf.crashes" was not made by this server, here; it starts afresh/,
+like(slurp_file($copy->logfile), qr/"dwarf.crashes" is not this data directory's own; it starts afresh/,
 	'the copy says it set the source\'s notes aside');
 is(open_gate_and_wait($node, $z), 'completed ', 'and on the source');
 $copy->stop('fast');
