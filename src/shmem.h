@@ -138,6 +138,9 @@ typedef struct DwarfShared
 	slock_t		mutex;			/* protects the launcher fields */
 	Latch	   *launcher_latch;
 	bool		rescan;			/* a database created or dropped dwarf */
+	bool		crashes_checked;	/* crashes.c checked its file since this
+									 * memory was made (under
+									 * AddinShmemInitLock) */
 
 	DwarfWorkerSlot workers[DWARF_MAX_WORKERS];
 	DwarfRunnerSlot runners[DWARF_MAX_RUNNERS];
