@@ -354,11 +354,10 @@ RequestTake(int procno, TakenRequest *taken)
 				   Min(BodySize((RunRequest *) req->body), DWARF_INLINE_REQUEST));
 	}
 	SpinLockRelease(&req->mutex);
-	if (!submitted)
-	{
+	if (!submitted || handle != DSM_HANDLE_INVALID)
 		pfree(copy);
+	if (!submitted)
 		return false;
-	}
 	taken->procno = procno;
 	taken->seg = NULL;
 	PG_TRY();
@@ -387,7 +386,6 @@ RequestTake(int procno, TakenRequest *taken)
 	if (r == NULL)
 	{
 		/* its segment is gone: the caller left, its slot is free */
-		pfree(copy);
 		Forget(procno, taken->generation);
 		return false;
 	}
