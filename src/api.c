@@ -300,6 +300,15 @@ dwarf_create(PG_FUNCTION_ARGS)
 
 static const char *const closed_statuses[] = {"interrupted", "completed", "failed", "cancelled"};
 
+/* What dwarf.await or dwarf.run knows of the flow it waits for. */
+typedef struct Awaited
+{
+	int64		flow_id;
+	const char *waiter;			/* "dwarf.await" or "dwarf.run", for errors */
+	bool		existed;		/* it was there: if it is gone, it was deleted */
+	bool		deletes_itself; /* created with delete_on_completion */
+} Awaited;
+
 /* A closed flow's outcome as ReadOutcome reads it, from what is known of it. */
 static void
 ClosedOutcome(int64 flow_id, RunOutcome *outcome, Datum *values, bool *nulls)
@@ -323,14 +332,17 @@ ClosedOutcome(int64 flow_id, RunOutcome *outcome, Datum *values, bool *nulls)
 
 /*
  * Reads a flow's outcome with a fresh snapshot.  Returns false when the flow
- * is still running.  Errors if the caller cannot see it, unless it existed
- * before: then it was deleted on completion.
+ * is still running.  Errors if the caller cannot see it.  A flow that
+ * existed before and is gone was deleted: on completion, when it was
+ * created so (its outcome is "completed", with nothing more to tell), else
+ * by someone, and the error says so.
  */
 static bool
-ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
+ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 {
 	static SPIPlanPtr plan = NULL;
 	static SPIPlanPtr archived_plan = NULL;
+	int64		flow_id = aw->flow_id;
 	Oid			types[1] = {INT8OID};
 	Datum		args[1] = {Int64GetDatum(flow_id)};
 	HeapTuple	tup;
@@ -338,6 +350,7 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	char	   *status;
 	int			i;
 	bool		closed = false;
+	bool		isnull;
 
 	/*
 	 * Read with a snapshot taken now, not the transaction's: in REPEATABLE
@@ -346,8 +359,8 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	 * caller's own queries keep their snapshot.
 	 */
 	if (plan == NULL)
-		plan = PrepareKept("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin"
-						   " FROM dwarf.flow WHERE id = $1", 1, types);
+		plan = PrepareKept("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin,"
+						   " delete_on_completion FROM dwarf.flow WHERE id = $1", 1, types);
 	PushActiveSnapshot(GetLatestSnapshot());
 	if (SPI_execute_plan(plan, args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
@@ -361,14 +374,15 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	{
 		if (archived_plan == NULL)
 			archived_plan = PrepareKept("SELECT id, status, state, error, interrupt_payload,"
-										" cancel_reason, xmin FROM dwarf.flow_archive WHERE id = $1",
+										" cancel_reason, xmin, delete_on_completion"
+										" FROM dwarf.flow_archive WHERE id = $1",
 										1, types);
 		PushActiveSnapshot(GetLatestSnapshot());
 		if (SPI_execute_plan(archived_plan, args, NULL, true, 1) != SPI_OK_SELECT)
 			elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
 		PopActiveSnapshot();
 	}
-	if (SPI_processed == 0 && existed)
+	if (SPI_processed == 0 && aw->existed && aw->deletes_itself)
 	{
 		/* Deleted on completion: its outcome is gone with it. */
 		RunOutcome	deleted = {.closed = true, .completed = true};
@@ -376,6 +390,12 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 		ClosedOutcome(flow_id, &deleted, values, nulls);
 		return true;
 	}
+	if (SPI_processed == 0 && aw->existed)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " was deleted while %s waited for it",
+						flow_id, aw->waiter),
+				 errdetail("It was removed (by dwarf.delete, or by dwarf.purge or retention once it had closed) before its outcome could be read; its outcome is gone with it.")));
 	if (SPI_processed == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -384,9 +404,10 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
 	status = SPI_getvalue(tup, desc, 2);
+	aw->existed = true;
+	aw->deletes_itself = DatumGetBool(SPI_getbinval(tup, desc, 8, &isnull)) && !isnull;
 	if (first && strcmp(status, "running") == 0)
 	{
-		bool		isnull;
 		TransactionId xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 7, &isnull));
 
 		if (TransactionIdIsCurrentTransactionId(xmin))
@@ -410,11 +431,12 @@ ReadOutcome(int64 flow_id, Datum *values, bool *nulls, bool first, bool existed)
 
 /*
  * Waits in the server until the flow closes or parks, or timeout_ms passes,
- * and fills values/nulls with its outcome.  Sleeps on its latch; the worker
- * that commits the flow's end sets it.
+ * and fills values/nulls with its outcome (past the timeout, as it is now).
+ * Sleeps on its latch; the worker that commits the flow's end sets it, and
+ * so does a delete of the flow.
  */
 static void
-AwaitFlow(int64 flow_id, int64 timeout_ms, Datum *values, bool *nulls, bool existed)
+AwaitFlow(Awaited *aw, int64 timeout_ms, Datum *values, bool *nulls)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[MyProc->pgprocno] : NULL;
@@ -422,16 +444,15 @@ AwaitFlow(int64 flow_id, int64 timeout_ms, Datum *values, bool *nulls, bool exis
 
 	Connect();
 	if (waiting)
-		pg_atomic_write_u64(waiting, (uint64) flow_id);
+		pg_atomic_write_u64(waiting, (uint64) aw->flow_id);
 	PG_TRY();
 	{
 		for (;;)
 		{
 			long		remaining;
 
-			if (ReadOutcome(flow_id, values, nulls, first, existed))
+			if (ReadOutcome(aw, values, nulls, first))
 				break;
-			existed = true;
 			first = false;
 			remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
 			if (remaining <= 0)
@@ -469,8 +490,8 @@ dwarf_await(PG_FUNCTION_ARGS)
 {
 	Datum		values[6];
 	bool		nulls[6];
-
 	int64		timeout_ms;
+	Awaited		aw = {.waiter = "dwarf.await"};
 
 	CheckNotNull(fcinfo, 0, "flow_id");
 	CheckNotNull(fcinfo, 1, "timeout");
@@ -481,29 +502,34 @@ dwarf_await(PG_FUNCTION_ARGS)
 				 errmsg("dwarf.await cannot wait inside a dwarf task"),
 				 errdetail("The task would hold its worker while it waits."),
 				 errhint("Use a timeout of 0 to read the flow's status, or dwarf.subgraph() to run a flow and wait for it.")));
-	AwaitFlow(PG_GETARG_INT64(0), timeout_ms, values, nulls, false);
+	aw.flow_id = PG_GETARG_INT64(0);
+	AwaitFlow(&aw, timeout_ms, values, nulls);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }
 
 /* ---------- run ---------- */
 
 /*
+ * The time dwarf.run's create may take even when its timeout is shorter: a
+ * run with a timeout of a few milliseconds still gets its flow's id back.
+ */
+#define RUN_CREATE_MIN_MS	1000
+
+/*
  * Hands the create to the worker that will own the flow (request.c), which
  * commits it, batched with other callers' creates, and answers with the
- * flow id.
+ * flow id by the deadline, or raises an error.
  */
 static int64
 CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options,
 					TimestampTz deadline, RunOutcome *outcome)
 {
 	int32		graph_id;
-	int64		flow_id;
 
 	CheckInput(input);
 	graph_id = LatestGraph(graph, true);
-	flow_id = NewFlowId();
-	return RequestCreate(RequestOwner(flow_id), flow_id, graph_id, priority, key, input,
-						 options, deadline, outcome);
+	return RequestCreate(NewFlowId(), graph_id, priority, key, input, options, deadline,
+						 outcome);
 }
 
 DWARF_FUNCTION(dwarf_run);
@@ -511,7 +537,10 @@ DWARF_FUNCTION(dwarf_run);
 /*
  * dwarf.run(graph, input, timeout, priority, idempotency_key): create and
  * await.  The create commits on its own, so this works in autocommit and
- * the flow runs even if the caller's transaction later rolls back.
+ * the flow runs even if the caller's transaction later rolls back.  Past
+ * the timeout it returns the flow's status as it is, or, when the engine
+ * had not yet said that the flow exists, raises an error (one that a
+ * PL/pgSQL handler can catch) that says whether it may still be created.
  */
 Datum
 dwarf_run(PG_FUNCTION_ARGS)
@@ -519,9 +548,9 @@ dwarf_run(PG_FUNCTION_ARGS)
 	Datum		values[6];
 	bool		nulls[6];
 	int64		timeout_ms;
-	int64		flow_id;
 	TimestampTz deadline;
 	RunOutcome	outcome;
+	Awaited		aw = {.waiter = "dwarf.run", .existed = true};
 
 	CheckNotStandby("dwarf.run");
 	CheckNotNull(fcinfo, 0, "graph");
@@ -537,20 +566,22 @@ dwarf_run(PG_FUNCTION_ARGS)
 	timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(2), "timeout") / 1000;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	PinSearchPathForCall();		/* dwarf.run has no SET search_path */
-	flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
-								  PG_GETARG_INT32(3),
-								  KeyArg(fcinfo, 4, "idempotency_key"),
-								  OptionsFromArgs(fcinfo, 5),
-								  Max(deadline, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-																			10000)),
-								  &outcome);
+	aw.flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
+									 PG_GETARG_INT32(3),
+									 KeyArg(fcinfo, 4, "idempotency_key"),
+									 OptionsFromArgs(fcinfo, 5),
+									 Max(deadline,
+										 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+																	 RUN_CREATE_MIN_MS)),
+									 &outcome);
+	aw.deletes_itself = !PG_ARGISNULL(8) && PG_GETARG_BOOL(8);
 
 	/* Usually it closed in the commit that created it, and we know how. */
 	if (outcome.closed)
-		ClosedOutcome(flow_id, &outcome, values, nulls);
+		ClosedOutcome(aw.flow_id, &outcome, values, nulls);
 	else
-		AwaitFlow(flow_id, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
-				  values, nulls, true);
+		AwaitFlow(&aw, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
+				  values, nulls);
 	PopOverrideSearchPath();
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }

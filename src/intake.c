@@ -16,7 +16,10 @@
  * transaction of their own and the new flows are loaded as any other.
  *
  * Either way a caller is answered only once its create's commit is
- * flushed: a flow id it is told exists after a crash.
+ * flushed, and replicated as synchronous_commit asks: a flow id it is told
+ * exists after a crash, and after a failover to a synchronous standby.  A
+ * worker that exits answers what it committed and gives back the rest
+ * (IntakeAtExit), so that no caller waits for it.
  */
 #include "postgres.h"
 
@@ -24,6 +27,8 @@
 #include "access/xlog.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "replication/syncrep.h"
+#include "storage/ipc.h"
 #include "storage/latch.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -41,6 +46,7 @@
 typedef struct Created
 {
 	int			procno;
+	uint32		generation;		/* of the request taken */
 	int64		flow_id;
 	bool		is_new;
 	RunOutcome	outcome;		/* if it closed in the batch that created it */
@@ -62,21 +68,46 @@ FreeCreated(Created *c)
 	pfree(c);
 }
 
+static void IntakeAtExit(int code, Datum arg);
+
+/*
+ * Takes a caller's request, if it is still there, and returns its entry
+ * (in Worker.context), which the caller of this keeps in a list at once:
+ * whatever happens next, the request is answered or given back from there.
+ * The first take sets up the worker's exit callback.
+ */
+static Created *
+Take(int procno, TakenRequest *taken)
+{
+	static bool at_exit = false;
+	Created    *c;
+
+	if (!at_exit)
+	{
+		before_shmem_exit(IntakeAtExit, (Datum) 0);
+		at_exit = true;
+	}
+	if (!RequestTake(procno, taken))
+		return NULL;
+	c = MemoryContextAllocZero(Worker.context, sizeof(Created));
+	c->procno = procno;
+	c->generation = taken->generation;
+	c->flow_id = taken->body->flow_id;
+	return c;
+}
+
 /*
  * Creates the flow of one taken request (the caller is connected to SPI),
  * with its row when row is given.  Releases the request's body.
  */
-static Created *
-CreateRequested(TakenRequest *taken, HeapTuple *row, TupleDesc *desc)
+static void
+CreateRequested(TakenRequest *taken, Created *c, HeapTuple *row, TupleDesc *desc)
 {
 	RunRequest *r = taken->body;
-	Created    *c = MemoryContextAllocZero(Worker.context, sizeof(Created));
 
-	c->procno = taken->procno;
 	c->flow_id = InsertFlowRow(r->flow_id, r->graph_id, r->owner, r->priority, taken->key,
 							   taken->input, taken->options, &c->is_new, row, desc);
 	RequestRelease(taken);
-	return c;
 }
 
 /*
@@ -98,9 +129,10 @@ IntakeApart(List *procnos)
 	PreparePlans();
 
 	/*
-	 * The creates need not wait for their own WAL flush: the callers are
-	 * answered only once it is flushed (IntakeAnswer), which the batch
-	 * that runs the new flows' first steps, right after, usually does.
+	 * The creates need not wait for their own WAL flush (nor for a
+	 * synchronous standby): the callers are answered only once it is
+	 * flushed and replicated (IntakeAnswer), which the batch that runs the
+	 * new flows' first steps, right after, usually does.
 	 */
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION,
 							 GUC_ACTION_LOCAL, true, 0, false);
@@ -109,9 +141,12 @@ IntakeApart(List *procnos)
 		foreach(lc, procnos)
 		{
 			TakenRequest taken;
+			Created    *c = Take(lfirst_int(lc), &taken);
 
-			if (RequestTake(lfirst_int(lc), &taken))
-				created = lappend(created, CreateRequested(&taken, NULL, NULL));
+			if (c == NULL)
+				continue;
+			created = lappend(created, c);
+			CreateRequested(&taken, c, NULL, NULL);
 		}
 		PopActiveSnapshot();
 		SPI_finish();
@@ -122,16 +157,19 @@ IntakeApart(List *procnos)
 	{
 		ErrorData  *edata = AbortAfterError(cxt);
 
-		list_free_deep(created);	/* no outcomes yet */
-		if (list_length(procnos) == 1)
+		foreach(lc, created)
 		{
-			RequestAnswer(linitial_int(procnos), 0, edata, NULL);
-			return;
+			Created    *c = lfirst(lc);
+
+			if (list_length(procnos) == 1)
+				RequestAnswer(c->procno, c->generation, 0, edata, NULL);
+			else
+				RequestGiveBack(c->procno, c->generation);
 		}
-		foreach(lc, procnos)
-			RequestGiveBack(lfirst_int(lc));
-		foreach(lc, procnos)
-			IntakeApart(list_make1_int(lfirst_int(lc)));
+		list_free_deep(created);	/* no outcomes yet */
+		if (list_length(procnos) > 1)
+			foreach(lc, procnos)
+				IntakeApart(list_make1_int(lfirst_int(lc)));
 		return;
 	}
 	PG_END_TRY();
@@ -162,7 +200,7 @@ ForgetInBatch(void)
 
 		if (flow && c->is_new)
 			DropFlow(flow);
-		RequestGiveBack(c->procno);
+		RequestGiveBack(c->procno, c->generation);
 		FreeCreated(c);
 	}
 	list_free(InBatch);
@@ -192,31 +230,28 @@ IntakeInBatch(List *procnos, List **flows)
 			HeapTuple	row;
 			TupleDesc	desc;
 			FlowRow		flowrow;
-			Created    *c;
+			Created    *c = Take(lfirst_int(lc), &taken);
 			MemoryContext old;
 
-			if (!RequestTake(lfirst_int(lc), &taken))
+			if (c == NULL)
 				continue;
+			old = MemoryContextSwitchTo(Worker.context);
+			InBatch = lappend(InBatch, c);
+			MemoryContextSwitchTo(old);
 			r = taken.body;
 			if (taken.key == NULL &&
 				RowsInsertFlow(r->flow_id, r->graph_id, r->owner, r->priority, taken.input,
 							   taken.options, &flowrow))
 			{
-				c = MemoryContextAllocZero(Worker.context, sizeof(Created));
-				c->procno = taken.procno;
-				c->flow_id = r->flow_id;
 				c->is_new = true;
 				RequestRelease(&taken);
 			}
 			else
 			{
-				c = CreateRequested(&taken, &row, &desc);
+				CreateRequested(&taken, c, &row, &desc);
 				if (c->is_new)
 					FlowRowFromTuple(row, desc, &flowrow);
 			}
-			old = MemoryContextSwitchTo(Worker.context);
-			InBatch = lappend(InBatch, c);
-			MemoryContextSwitchTo(old);
 			if (c->is_new)
 			{
 				FlowRun    *flow = TakeInFlow(&flowrow);
@@ -234,9 +269,7 @@ IntakeInBatch(List *procnos, List **flows)
 				(errmsg("dwarf: creating %d flows in a batch failed, creating them apart: %s",
 						list_length(procnos), edata->message)));
 		FreeErrorData(edata);
-		ForgetInBatch();
-		foreach(lc, procnos)	/* the one taken when it failed too */
-			RequestGiveBack(lfirst_int(lc));
+		ForgetInBatch();		/* the one taken when it failed too */
 		IntakeApart(procnos);
 		MemoryContextSwitchTo(cxt);
 		*flows = NIL;
@@ -333,7 +366,9 @@ IntakeRedo(List *requests)
 
 /*
  * Tells the dwarf.run callers their flow ids, once the creates are on disk
- * (after the batch's synchronous commit, the flush costs nothing more).
+ * and on the synchronous standbys that synchronous_commit waits for, as a
+ * commit of the worker's own would be (after the batch's commit, which
+ * waited for both, this costs nothing more).
  */
 void
 IntakeAnswer(void)
@@ -343,13 +378,29 @@ IntakeAnswer(void)
 	if (Unanswered == NIL)
 		return;
 	XLogFlush(CreatedEnd);
+	SyncRepWaitForLSN(CreatedEnd, true);
 	foreach(lc, Unanswered)
 	{
 		Created    *c = lfirst(lc);
 
-		RequestAnswer(c->procno, c->flow_id, NULL, &c->outcome);
+		RequestAnswer(c->procno, c->generation, c->flow_id, NULL, &c->outcome);
 		FreeCreated(c);
 	}
 	list_free(Unanswered);
 	Unanswered = NIL;
+}
+
+/*
+ * before_shmem_exit, set up by the first take: a worker that exits answers
+ * the creates it committed and gives back those its open transaction
+ * holds, which roll back with it; their callers hand them to the next
+ * worker.  It runs before the transaction is aborted, and before the
+ * worker clears its slot, so that a caller that sees the worker gone sees
+ * its request given back.
+ */
+static void
+IntakeAtExit(int code, Datum arg)
+{
+	IntakeAnswer();
+	RequestGiveBackAll();
 }

@@ -11,16 +11,29 @@
  * the flow in its own transaction, and answers with the flow id once that
  * transaction is flushed (worker.c); the caller then awaits the flow.
  *
- * A slot's states: FREE -> SUBMITTED (the caller) -> TAKEN (a worker reads
- * it) -> DONE or FAILED (the worker's answer).  A worker whose transaction
- * rolled back gives a taken request back (TAKEN -> SUBMITTED).  A caller
- * past its deadline abandons a request no worker has taken; one that is
- * taken it waits for, so that no flow is created behind an error.
+ * A slot's states: FREE -> SUBMITTED (the caller) -> TAKEN (a worker copies
+ * it out and creates the flow) -> DONE or FAILED (the worker's answer).  A
+ * worker whose transaction rolled back gives a taken request back (TAKEN ->
+ * SUBMITTED), and so does one that exits before its create committed
+ * (RequestGiveBackAll, from its exit callback): the caller then tells the
+ * worker that runs next.
+ *
+ * Either end may go away at any time and no slot is left behind.  Each
+ * request has a generation, and a worker's answer or give-back counts only
+ * for the generation it took; a worker copies a request out whole when it
+ * takes it (a large one's segment stays mapped for it).  So a caller that
+ * gives up (its deadline, an error, its exit) frees its slot at once, and
+ * its next request never waits for an earlier one.  A worker that finds a
+ * request's segment gone knows its caller left.  A caller watches the
+ * worker that took its request: one that exited without answering (a
+ * crash does not, since the whole server restarts) is reported, not
+ * waited for.
  */
 #include "postgres.h"
 
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
@@ -46,54 +59,26 @@ Nap(long ms)
 
 /* ---------- the caller's end ---------- */
 
-/* Waits (briefly) for the worker that will own flow_id to be running. */
-DwarfWorkerSlot *
-RequestOwner(int64 flow_id)
+/* The size of a request's body, from its head. */
+static Size
+BodySize(const RunRequest *r)
 {
-	int			tries;
-
-	if (Dwarf == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("dwarf is not loaded through shared_preload_libraries"),
-				 errhint("Add dwarf to shared_preload_libraries and restart the server.")));
-	for (tries = 0; tries < 500; tries++)
-	{
-		DwarfWorkerSlot *slot = DwarfOwnerSlot(MyDatabaseId, flow_id);
-
-		if (slot)
-			return slot;
-		Nap(10);
-	}
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("no dwarf worker is running in this database"),
-			 errhint("Check max_worker_processes and the server log.")));
-	return NULL;
+	return offsetof(RunRequest, data) + KEY_OFFSET(r) + r->keylen;
 }
 
 /*
- * Makes our slot free for a new request.  One we gave up on may still be
- * being read by a worker: wait for its answer first.
+ * before_shmem_exit: a caller that exits (terminated while it waited, say)
+ * leaves its request, so that no worker creates a flow for it after all,
+ * and the next backend in its place finds the slot free.
  */
-static DwarfRequest *
-FreeSlot(void)
+static void
+LeaveAtExit(int code, Datum arg)
 {
 	DwarfRequest *req = &Dwarf->requests[MyProc->pgprocno];
 
-	for (;;)
-	{
-		DwarfRequestState prev;
-
-		SpinLockAcquire(&req->mutex);
-		prev = req->state;
-		if (prev != REQ_TAKEN)
-			req->state = REQ_FREE;
-		SpinLockRelease(&req->mutex);
-		if (prev != REQ_TAKEN)
-			return req;
-		Nap(10);
-	}
+	SpinLockAcquire(&req->mutex);
+	req->state = REQ_FREE;
+	SpinLockRelease(&req->mutex);
 }
 
 /* Writes the request's body: in the slot when it fits, else in DSM (*seg). */
@@ -112,7 +97,7 @@ WriteBody(DwarfRequest *req, dsm_segment **seg, int64 flow_id, int32 graph_id,
 	head.keylen = key ? VARSIZE_ANY_EXHDR(key) : 0;
 	head.inputlen = VARSIZE(input);
 	head.optionslen = VARSIZE(options);
-	size = offsetof(RunRequest, data) + KEY_OFFSET(&head) + head.keylen;
+	size = BodySize(&head);
 	if (size <= DWARF_INLINE_REQUEST)
 	{
 		*seg = NULL;
@@ -132,7 +117,7 @@ WriteBody(DwarfRequest *req, dsm_segment **seg, int64 flow_id, int32 graph_id,
 
 /*
  * Copies the outcome the worker left with its answer, if any.  The slot is
- * ours again (its state is DONE): the worker has finished writing it.
+ * ours again: no worker writes to a slot whose request it no longer holds.
  */
 static void
 ReadOutcome(DwarfRequest *req, RunOutcome *outcome)
@@ -151,28 +136,105 @@ ReadOutcome(DwarfRequest *req, RunOutcome *outcome)
 		outcome->error = pnstrdup(req->body + MAXALIGN(req->state_len), req->error_len);
 }
 
+/* Is pid a dwarf worker that still runs (it clears its slot's pid as it exits)? */
+static bool
+WorkerRuns(pid_t pid)
+{
+	int			i;
+
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+		if (pid != 0 && Dwarf->workers[i].pid == pid)
+			return true;
+	return false;
+}
+
+/*
+ * Past the deadline, or when the worker that took the request exited
+ * without answering: leaves the request and says why.  Returns only when
+ * an answer came first (the state, re-read, is DONE or FAILED).
+ */
+static DwarfRequestState
+GiveUp(DwarfRequest *req, int64 flow_id, bool worker_runs, bool taker_gone)
+{
+	DwarfRequestState state;
+
+	SpinLockAcquire(&req->mutex);
+	state = req->state;
+	if (state == REQ_SUBMITTED || state == REQ_TAKEN)
+		req->state = REQ_FREE;
+	SpinLockRelease(&req->mutex);
+
+	if (state == REQ_SUBMITTED && !worker_runs)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("no dwarf worker is running in this database"),
+				 errdetail("dwarf.run timed out before a worker could create its flow; no flow was created."),
+				 errhint("Check max_worker_processes and the server log.")));
+	if (state == REQ_SUBMITTED)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("dwarf.run timed out before the engine took its create"),
+				 errdetail("No flow was created."),
+				 errhint("The workers of this database may be busy or stuck (see dwarf.stats); retry, or give dwarf.run a longer timeout.")));
+	if (state == REQ_TAKEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN),
+				 taker_gone ?
+				 errmsg("the dwarf worker creating flow " INT64_FORMAT " exited before it answered",
+						flow_id) :
+				 errmsg("dwarf.run timed out while the engine was creating flow " INT64_FORMAT,
+						flow_id),
+				 errdetail("The flow may or may not have been created."),
+				 errhint("dwarf.await(" INT64_FORMAT ", '0 s') says whether it exists; with an idempotency key, dwarf.run with the same key finds it.",
+						 flow_id)));
+	return state;
+}
+
 /*
  * Hands the create of flow_id to its owning worker, which commits it
  * (with other callers' creates, and usually the flow's first steps) and
  * answers.  Returns the flow's id: flow_id, or with an idempotency key the
  * owner already used, that flow's; and in *outcome, how the flow ended if
- * it closed in the create's commit and the worker could say so.
+ * it closed in the create's commit and the worker could say so.  Raises an
+ * error by the deadline if no answer came, saying whether the flow may
+ * still be created.
  */
 int64
-RequestCreate(DwarfWorkerSlot *owner, int64 flow_id, int32 graph_id, int32 priority,
-			  text *key, Jsonb *input, Jsonb *options, TimestampTz deadline,
-			  RunOutcome *outcome)
+RequestCreate(int64 flow_id, int32 graph_id, int32 priority, text *key, Jsonb *input,
+			  Jsonb *options, TimestampTz deadline, RunOutcome *outcome)
 {
-	DwarfRequest *req = FreeSlot();
+	static bool leaves_at_exit = false;
+	DwarfRequest *req;
 	dsm_segment *seg;
 	volatile int64 result = 0;
 	char		errmsg_buf[sizeof(req->errmsg)];
 	volatile int sqlerrcode = 0;
 	volatile DwarfRequestState state = REQ_SUBMITTED;
 
+	if (Dwarf == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dwarf is not loaded through shared_preload_libraries"),
+				 errhint("Add dwarf to shared_preload_libraries and restart the server.")));
+	req = &Dwarf->requests[MyProc->pgprocno];
+	if (!leaves_at_exit)
+	{
+		before_shmem_exit(LeaveAtExit, (Datum) 0);
+		leaves_at_exit = true;
+	}
+
+	/*
+	 * A new generation: a worker still holding an earlier request of ours
+	 * can no longer answer into the slot, and no worker reads a free one.
+	 */
+	SpinLockAcquire(&req->mutex);
+	req->state = REQ_FREE;
+	req->generation++;
+	SpinLockRelease(&req->mutex);
 	WriteBody(req, &seg, flow_id, graph_id, priority, key, input, options);
 	SpinLockAcquire(&req->mutex);
 	req->state = REQ_SUBMITTED;
+	req->taker = 0;
 	req->handle = seg ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
 	req->flow_id = 0;
 	req->closed = false;
@@ -180,52 +242,60 @@ RequestCreate(DwarfWorkerSlot *owner, int64 flow_id, int32 graph_id, int32 prior
 
 	PG_TRY();
 	{
-		while (!DwarfPushNote(owner, MyProc->pgprocno, NOTE_RUN_REQUEST))
-			Nap(1);
+		pid_t		told = 0;	/* the worker our note went to */
+
 		for (;;)
 		{
+			DwarfWorkerSlot *owner = DwarfOwnerSlot(MyDatabaseId, flow_id);
+			pid_t		owner_pid = owner ? owner->pid : 0;
+			pid_t		taker;
+			long		remaining;
+
 			SpinLockAcquire(&req->mutex);
 			state = req->state;
+			taker = req->taker;
 			result = req->flow_id;
 			strlcpy(errmsg_buf, req->errmsg, sizeof(errmsg_buf));
 			sqlerrcode = req->sqlerrcode;
 			SpinLockRelease(&req->mutex);
-			if (state != REQ_SUBMITTED && state != REQ_TAKEN)
+			if (state == REQ_DONE || state == REQ_FAILED)
 				break;
-			if (owner->pid == 0)
-				ereport(ERROR,
-						(errcode(ERRCODE_CONNECTION_FAILURE),
-						 errmsg("the dwarf worker exited before creating the flow")));
 
-			/* Past the deadline, give up only on a request no worker has taken. */
-			if (GetCurrentTimestamp() >= deadline)
+			/*
+			 * Tell the owner, and tell it again when another worker took
+			 * its place: a worker that exits gives back what it took.
+			 */
+			if (state == REQ_SUBMITTED && owner_pid != 0 && owner_pid != told &&
+				DwarfPushNote(owner, MyProc->pgprocno, NOTE_RUN_REQUEST))
+				told = owner_pid;
+			if (state == REQ_TAKEN && !WorkerRuns(taker))
 			{
-				bool		abandoned;
+				bool		orphaned;
 
+				/* re-read: it exits after giving back what it took */
 				SpinLockAcquire(&req->mutex);
-				abandoned = req->state == REQ_SUBMITTED;
-				if (abandoned)
-					req->state = REQ_ABANDONED;
+				orphaned = req->state == REQ_TAKEN && req->taker == taker;
 				SpinLockRelease(&req->mutex);
-				if (abandoned)
-					ereport(ERROR,
-							(errcode(ERRCODE_QUERY_CANCELED),
-							 errmsg("dwarf.run timed out before the engine created the flow"),
-							 errdetail("No flow was created."),
-							 errhint("The workers of this database may be overloaded or stuck; see dwarf.stats.")));
+				if (orphaned)
+					state = GiveUp(req, flow_id, false, true);
+				continue;
 			}
-			Nap(Min(1000, Max(10, TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
-																	deadline))));
+			remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+			if (remaining <= 0)
+			{
+				state = GiveUp(req, flow_id, owner_pid != 0, false);
+				continue;
+			}
+			/* the answer, a give-back and a note all set our latch */
+			Nap(state == REQ_SUBMITTED && told != owner_pid ? Min(remaining, 10) :
+				Min(remaining, 1000));
 		}
 	}
 	PG_FINALLY();
 	{
 		SpinLockAcquire(&req->mutex);
-		if (req->state != REQ_TAKEN)
-		{
-			req->state = REQ_FREE;
-			req->handle = DSM_HANDLE_INVALID;
-		}
+		req->state = REQ_FREE;
+		req->handle = DSM_HANDLE_INVALID;
 		SpinLockRelease(&req->mutex);
 		if (seg)
 			dsm_detach(seg);
@@ -242,39 +312,83 @@ RequestCreate(DwarfWorkerSlot *owner, int64 flow_id, int32 graph_id, int32 prior
 
 /* ---------- the worker's end ---------- */
 
+/* Frees the slot of a request whose caller left, if it is still the one we took. */
+static void
+Forget(int procno, uint32 generation)
+{
+	DwarfRequest *req = &Dwarf->requests[procno];
+
+	SpinLockAcquire(&req->mutex);
+	if (req->state == REQ_TAKEN && req->generation == generation)
+		req->state = REQ_FREE;
+	SpinLockRelease(&req->mutex);
+}
+
 /*
  * Takes the request of the caller with this pgprocno, if it is still
- * submitted (the caller may have given up).  The caller leaves the body
- * alone while it is taken; RequestRelease lets it go.
+ * submitted (the caller may have given up), and copies its parts out: a
+ * request in the slot is copied whole under the slot's lock, one in DSM
+ * is read from the caller's segment, which stays mapped for us.  The
+ * request stays taken until answered or given back.
  */
 bool
 RequestTake(int procno, TakenRequest *taken)
 {
 	DwarfRequest *req = &Dwarf->requests[procno];
-	dsm_handle	handle;
+	char	   *copy = palloc(DWARF_INLINE_REQUEST);
+	dsm_handle	handle = DSM_HANDLE_INVALID;
 	bool		submitted;
-	RunRequest *r;
+	RunRequest *volatile r = NULL;
 
 	SpinLockAcquire(&req->mutex);
 	submitted = req->state == REQ_SUBMITTED;
 	if (submitted)
+	{
 		req->state = REQ_TAKEN;
-	handle = req->handle;
+		req->taker = MyProcPid;
+		taken->generation = req->generation;
+		handle = req->handle;
+		/* a bounded copy, as the walreceiver copies its conninfo under its spinlock */
+		if (handle == DSM_HANDLE_INVALID)
+			memcpy(copy, req->body,
+				   Min(BodySize((RunRequest *) req->body), DWARF_INLINE_REQUEST));
+	}
 	SpinLockRelease(&req->mutex);
+	if (!submitted || handle != DSM_HANDLE_INVALID)
+		pfree(copy);
 	if (!submitted)
 		return false;
 	taken->procno = procno;
 	taken->seg = NULL;
-	if (handle != DSM_HANDLE_INVALID && (taken->seg = dsm_attach(handle)) == NULL)
-		return false;			/* the caller gave up: it answers itself */
-	r = taken->seg ? dsm_segment_address(taken->seg) : (RunRequest *) req->body;
-	taken->body = r;
-	/* copies: the body is the caller's again once answered */
-	taken->input = palloc(r->inputlen);
-	memcpy(taken->input, r->data + INPUT_OFFSET, r->inputlen);
-	taken->options = palloc(r->optionslen);
-	memcpy(taken->options, r->data + OPTIONS_OFFSET(r), r->optionslen);
-	taken->key = r->keylen > 0 ? cstring_to_text_with_len(r->data + KEY_OFFSET(r), r->keylen) : NULL;
+	PG_TRY();
+	{
+		if (handle == DSM_HANDLE_INVALID)
+			r = (RunRequest *) copy;
+		else if ((taken->seg = dsm_attach(handle)) != NULL)
+			r = dsm_segment_address(taken->seg);
+		if (r != NULL)
+		{
+			taken->body = r;
+			taken->input = palloc(r->inputlen);
+			memcpy(taken->input, r->data + INPUT_OFFSET, r->inputlen);
+			taken->options = palloc(r->optionslen);
+			memcpy(taken->options, r->data + OPTIONS_OFFSET(r), r->optionslen);
+			taken->key = r->keylen > 0 ?
+				cstring_to_text_with_len(r->data + KEY_OFFSET(r), r->keylen) : NULL;
+		}
+	}
+	PG_CATCH();
+	{
+		RequestGiveBack(procno, taken->generation);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	if (r == NULL)
+	{
+		/* its segment is gone: the caller left, its slot is free */
+		Forget(procno, taken->generation);
+		return false;
+	}
 	return true;
 }
 
@@ -284,57 +398,97 @@ RequestRelease(TakenRequest *taken)
 {
 	if (taken->seg)
 		dsm_detach(taken->seg);
+	else if (taken->body)
+		pfree(taken->body);
 	taken->seg = NULL;
 	taken->body = NULL;
 }
 
-/* A taken request whose create rolled back: it is to be taken again. */
-void
-RequestGiveBack(int procno)
+/* Makes a taken request submitted again, waking its caller. */
+static void
+GiveBack(int procno, uint32 generation, bool any_generation)
 {
 	DwarfRequest *req = &Dwarf->requests[procno];
+	bool		given = false;
 
 	SpinLockAcquire(&req->mutex);
-	if (req->state == REQ_TAKEN)
+	if (req->state == REQ_TAKEN &&
+		(any_generation ? req->taker == MyProcPid : req->generation == generation))
+	{
 		req->state = REQ_SUBMITTED;
+		req->taker = 0;
+		given = true;
+	}
 	SpinLockRelease(&req->mutex);
+	if (given)
+		SetLatch(&ProcGlobal->allProcs[procno].procLatch);
+}
+
+/* A taken request whose create rolled back: it is to be taken again. */
+void
+RequestGiveBack(int procno, uint32 generation)
+{
+	GiveBack(procno, generation, false);
+}
+
+/*
+ * A worker that exits gives back every request it took and has not
+ * answered (answer the committed ones first): their creates roll back
+ * with it, and their callers hand them to the worker that runs next.
+ */
+void
+RequestGiveBackAll(void)
+{
+	int			i;
+
+	if (Dwarf == NULL)
+		return;
+	for (i = 0; i < Dwarf->nprocs; i++)
+		GiveBack(i, 0, true);
 }
 
 /*
  * Answers a caller whose request we took: its flow's id, or (with edata)
  * why it was not created; with its outcome, when the flow closed in the
- * create's commit and the outcome fits in the slot's body (which the
- * request no longer needs, and which is ours while the request is taken).
+ * create's commit and the outcome fits in the slot's body.  A caller that
+ * left, or has a newer request, is not answered.  The body is written
+ * under the slot's lock (a bounded copy), since the caller may leave at
+ * any time.
  */
 void
-RequestAnswer(int procno, int64 flow_id, ErrorData *edata, const RunOutcome *outcome)
+RequestAnswer(int procno, uint32 generation, int64 flow_id, ErrorData *edata,
+			  const RunOutcome *outcome)
 {
 	DwarfRequest *req = &Dwarf->requests[procno];
 	uint32		state_len = outcome && outcome->state ? VARSIZE(outcome->state) : 0;
 	uint32		error_len = outcome && outcome->error ? strlen(outcome->error) : 0;
 	bool		closed = outcome && outcome->closed && edata == NULL &&
 		MAXALIGN(state_len) + error_len <= DWARF_INLINE_REQUEST;
+	bool		answered;
 
-	Assert(req->state == REQ_TAKEN);
-	if (closed)
-	{
-		if (state_len)
-			memcpy(req->body, outcome->state, state_len);
-		if (error_len)
-			memcpy(req->body + MAXALIGN(state_len), outcome->error, error_len);
-	}
 	SpinLockAcquire(&req->mutex);
-	req->state = edata ? REQ_FAILED : REQ_DONE;
-	req->flow_id = flow_id;
-	req->sqlerrcode = edata ? edata->sqlerrcode : 0;
-	strlcpy(req->errmsg, edata && edata->message ? edata->message : "", sizeof(req->errmsg));
-	req->closed = closed;
-	if (closed)
+	answered = req->state == REQ_TAKEN && req->generation == generation;
+	if (answered)
 	{
-		req->completed = outcome->completed;
-		req->state_len = state_len;
-		req->error_len = error_len;
+		if (closed && state_len)
+			memcpy(req->body, outcome->state, state_len);
+		if (closed && error_len)
+			memcpy(req->body + MAXALIGN(state_len), outcome->error, error_len);
+		req->state = edata ? REQ_FAILED : REQ_DONE;
+		req->taker = 0;
+		req->flow_id = flow_id;
+		req->sqlerrcode = edata ? edata->sqlerrcode : 0;
+		strlcpy(req->errmsg, edata && edata->message ? edata->message : "",
+				sizeof(req->errmsg));
+		req->closed = closed;
+		if (closed)
+		{
+			req->completed = outcome->completed;
+			req->state_len = state_len;
+			req->error_len = error_len;
+		}
 	}
 	SpinLockRelease(&req->mutex);
-	SetLatch(&ProcGlobal->allProcs[procno].procLatch);
+	if (answered)
+		SetLatch(&ProcGlobal->allProcs[procno].procLatch);
 }

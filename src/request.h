@@ -29,17 +29,20 @@ typedef struct RunOutcome
 
 /* ---------- the caller's end (a backend in dwarf.run) ---------- */
 
-extern DwarfWorkerSlot *RequestOwner(int64 flow_id);
-extern int64 RequestCreate(DwarfWorkerSlot *owner, int64 flow_id, int32 graph_id,
-						   int32 priority, text *key, Jsonb *input, Jsonb *options,
-						   TimestampTz deadline, RunOutcome *outcome);
+extern int64 RequestCreate(int64 flow_id, int32 graph_id, int32 priority, text *key,
+						   Jsonb *input, Jsonb *options, TimestampTz deadline,
+						   RunOutcome *outcome);
 
 /* ---------- the worker's end ---------- */
 
-/* A request a worker has taken: body valid until RequestRelease, its parts copied. */
+/*
+ * A request a worker has taken: its parts are copies, valid until
+ * RequestRelease; procno and generation name it until it is answered.
+ */
 typedef struct TakenRequest
 {
-	int			procno;			/* the caller's; names the request */
+	int			procno;			/* the caller's */
+	uint32		generation;		/* of the request taken */
 	dsm_segment *seg;			/* where a large body is, or NULL */
 	RunRequest *body;
 	text	   *key;			/* NULL: no idempotency key */
@@ -49,8 +52,9 @@ typedef struct TakenRequest
 
 extern bool RequestTake(int procno, TakenRequest *taken);
 extern void RequestRelease(TakenRequest *taken);
-extern void RequestGiveBack(int procno);
-extern void RequestAnswer(int procno, int64 flow_id, ErrorData *edata,
+extern void RequestGiveBack(int procno, uint32 generation);
+extern void RequestGiveBackAll(void);
+extern void RequestAnswer(int procno, uint32 generation, int64 flow_id, ErrorData *edata,
 						  const RunOutcome *outcome);
 
 #endif							/* DWARF_REQUEST_H */

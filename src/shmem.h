@@ -60,22 +60,29 @@ typedef struct DwarfWorkerSlot
 
 typedef enum DwarfRequestState
 {
-	REQ_FREE = 0,
-	REQ_SUBMITTED,
-	REQ_TAKEN,					/* a worker is reading it */
-	REQ_DONE,
-	REQ_FAILED,
-	REQ_ABANDONED
+	REQ_FREE = 0,				/* the caller's: no request, or one it left */
+	REQ_SUBMITTED,				/* for a worker to take */
+	REQ_TAKEN,					/* a worker (taker) is creating it */
+	REQ_DONE,					/* answered: the flow exists */
+	REQ_FAILED					/* answered: it was not created */
 } DwarfRequestState;
 
 /* Requests up to this size travel in the slot; larger ones in DSM. */
 #define DWARF_INLINE_REQUEST	2048
 
-/* A dwarf.run caller's create request, one per backend (by pgprocno). */
+/*
+ * A dwarf.run caller's create request, one per backend (by pgprocno).
+ * Every field is read and written under mutex.  generation names the
+ * request: the caller bumps it for each new one, and a worker's answer or
+ * give-back counts only for the generation it took, so a caller may leave
+ * a request at any time and reuse its slot at once.
+ */
 typedef struct DwarfRequest
 {
 	slock_t		mutex;
 	DwarfRequestState state;
+	uint32		generation;		/* of the request in the slot */
+	pid_t		taker;			/* the worker that took it, while taken */
 	dsm_handle	handle;			/* a RunRequest in DSM, or DSM_HANDLE_INVALID */
 	int64		flow_id;		/* the flow to await (set when done) */
 	int			sqlerrcode;		/* why it failed (set when failed) */
