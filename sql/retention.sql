@@ -142,6 +142,28 @@ SELECT b.name,
 	   dwarf.state_at(f.id) = b.state AS state
   FROM rt.before b JOIN rt.flows f USING (name) ORDER BY b.name;
 SELECT status, state, steps FROM dwarf.snapshot((SELECT id FROM rt.flows WHERE name = 'plain'));
+-- each day partition has its own indexes, which the reads of an archived
+-- flow use (with sequential scans off, as dwarf.flow_steps has them)
+CREATE FUNCTION rt.uses_index(sql text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+	line text;
+	plan text := '';
+BEGIN
+	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || sql LOOP
+		plan := plan || line || E'\n';
+	END LOOP;
+	RETURN plan LIKE '%Index%' AND plan NOT LIKE '%Seq Scan%';
+END $$;
+SET enable_seqscan = off;
+SELECT rt.uses_index(format('SELECT * FROM dwarf.flow_all WHERE id = %s', f.id)) AS by_id,
+	   rt.uses_index(format('SELECT * FROM dwarf.step_archive WHERE flow_id = %s AND flow_finished_at = %L',
+							f.id, f.finished_at)) AS its_steps,
+	   rt.uses_index(format('SELECT id FROM dwarf.flow_archive WHERE owner = %L::regrole AND idempotency_key = %L',
+							f.owner, 'rt-once')) AS by_key,
+	   rt.uses_index($$SELECT id FROM dwarf.flow_archive WHERE thread = 'rt-thread'$$) AS by_thread,
+	   rt.uses_index(format('SELECT id FROM dwarf.flow_archive WHERE parent_id = %s', f.id)) AS by_parent
+  FROM dwarf.flow_archive f WHERE f.id = (SELECT id FROM rt.flows WHERE name = 'plain');
+RESET enable_seqscan;
 SELECT task, status FROM dwarf.step((SELECT id FROM rt.flows WHERE name = 'plain'), 'B');
 -- list: live and archived together, newest first, and the same cursor
 SELECT array_agg(l.flow_id ORDER BY l.flow_id DESC) = array_agg(l.flow_id ORDER BY ord) AS newest_first,
