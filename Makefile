@@ -25,7 +25,8 @@ OBJS = \
 	src/control.o \
 	src/flows.o \
 	src/json.o \
-	src/archive.o
+	src/archive.o \
+	src/restore.o
 
 # Two extensions: dwarf on each shard (or single server), dwarf_router on a
 # router database that sends calls to the shards with PL/Proxy (pure SQL).

@@ -123,40 +123,70 @@ CREATE POLICY step_owner ON dwarf.step FOR SELECT
 	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id));
 
 /*
+ * pg_dump: the rows of these tables and where the sequences stand are the
+ * database's data, not the extension's definition, so pg_dump dumps them
+ * (a restore's CREATE EXTENSION makes the tables empty and the sequences
+ * new, then the rows are copied in and the sequences set).  The archive's
+ * day partitions need no mark: dwarf.maintain makes them at run time, so
+ * they are not members of the extension and pg_dump dumps each one whole,
+ * with its indexes and rows, as any table of the database; their
+ * partitioned parents hold no rows of their own.  dwarf.maintain_log is
+ * marked where it is made, below.
+ */
+SELECT pg_catalog.pg_extension_config_dump('dwarf.graph', '');
+SELECT pg_catalog.pg_extension_config_dump('dwarf.graph_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('dwarf.flow', '');
+SELECT pg_catalog.pg_extension_config_dump('dwarf.flow_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('dwarf.step', '');
+SELECT pg_catalog.pg_extension_config_dump('dwarf.step_seq', '');
+
+/*
+ * After a restore, the workers take the restored flows in.  The restore
+ * copies the rows in after CREATE EXTENSION has started the database's
+ * workers, which know only the flows they were told of: this trigger asks
+ * each of them to scan the tables again once the session that copied the
+ * steps ends (restore.c says why not sooner).  Nothing else writes
+ * dwarf.step with a statement: the workers append its rows without the
+ * executor's triggers, so the trigger costs them nothing.
+ */
+CREATE FUNCTION dwarf.restored() RETURNS trigger
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_restored';
+COMMENT ON FUNCTION dwarf.restored() IS
+	'Trigger of dwarf.step_restored: once the session ends, every dwarf worker of the database scans its tables '
+	'again and carries on the flows it finds';
+CREATE TRIGGER step_restored AFTER INSERT ON dwarf.step
+	FOR EACH STATEMENT EXECUTE FUNCTION dwarf.restored();
+COMMENT ON TRIGGER step_restored ON dwarf.step IS
+	'Fires for rows written with a statement, which only a restore (pg_restore, psql) does: '
+	'the workers take in the restored flows when its session ends';
+
+/*
  * The archive: closed flows and their steps, moved out of the live tables by
  * dwarf.maintain() once they have been closed for dwarf.archive_after, and
  * dropped a whole day at a time once older than dwarf.retention.  Both are
  * partitioned by the day (UTC) the flow closed, so a step sits in the same
  * day as its flow and a day goes as one DROP, never as DELETEs.  The
- * partitions are made by dwarf.maintain; nobody is granted them directly,
- * so every read goes through these parents and their row-level security.
+ * partitions are made by dwarf.make_archive_day, each with indexes of its
+ * own; nobody is granted them directly, so every read goes through these
+ * parents and their row-level security.
+ *
+ * The parents have no partitioned indexes, so that pg_dump's output of a
+ * day partition restores as it is: attached to a parent with partitioned
+ * indexes (which CREATE EXTENSION would have made before the restore
+ * attaches the day), the partition would get indexes of the same names
+ * made for it, and the dump's own CREATE INDEX of them would fail.  A read
+ * through a parent uses each partition's indexes all the same.
  */
 CREATE TABLE dwarf.flow_archive (LIKE dwarf.flow INCLUDING DEFAULTS)
 	PARTITION BY RANGE (finished_at);
 ALTER TABLE dwarf.flow_archive ALTER COLUMN finished_at SET NOT NULL;
-CREATE INDEX flow_archive_id ON dwarf.flow_archive (id);
-CREATE INDEX flow_archive_idempotency_key ON dwarf.flow_archive (owner, idempotency_key)
-	WHERE idempotency_key IS NOT NULL;
-CREATE INDEX flow_archive_thread ON dwarf.flow_archive (thread, id) WHERE thread IS NOT NULL;
-CREATE INDEX flow_archive_parent ON dwarf.flow_archive (parent_id) WHERE parent_id IS NOT NULL;
 COMMENT ON TABLE dwarf.flow_archive IS
 	'Closed flows moved out of dwarf.flow by dwarf.maintain(); one partition per day the flow closed (UTC)';
 
 CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS,
 	flow_finished_at timestamptz NOT NULL)
 	PARTITION BY RANGE (flow_finished_at);
-/*
- * Block-range indexes, not B-trees: dwarf.maintain appends a chunk's steps
- * sorted by flow, so a flow's steps sit on one or two pages whose range
- * of flow ids is narrow, and an append costs no index WAL (a B-tree entry
- * per step would add a quarter to the move's WAL).  A lookup goes to one
- * day partition through the flow's row (see dwarf.flow_steps), and
- * dwarf.archive_steps summarizes the pages it fills as it goes.
- */
-CREATE INDEX step_archive_flow ON dwarf.step_archive USING brin (flow_id)
-	WITH (pages_per_range = 16);
-CREATE INDEX step_archive_step_id ON dwarf.step_archive USING brin (step_id)
-	WITH (pages_per_range = 16);
 COMMENT ON TABLE dwarf.step_archive IS
 	'The steps of the flows in dwarf.flow_archive, in the partition of the day their flow closed; '
 	'read a flow''s steps with dwarf.flow_steps(flow_id), which goes to that day only';
@@ -615,6 +645,8 @@ COMMENT ON TABLE dwarf.maintain_log IS
 	'The last 1000 passes of dwarf.maintain(): when, how long, what it did (now_given: its "now" argument)';
 REVOKE ALL ON dwarf.maintain_log FROM PUBLIC;
 GRANT SELECT ON dwarf.maintain_log TO PUBLIC;
+/* Dumped by pg_dump with the rest of dwarf's tables: dwarf.storage shows it. */
+SELECT pg_catalog.pg_extension_config_dump('dwarf.maintain_log', '');
 
 /* The archive's partitions of one table, with the UTC day each holds. */
 CREATE FUNCTION dwarf.archive_days(parent regclass)
@@ -632,11 +664,21 @@ COMMENT ON FUNCTION dwarf.archive_days(regclass) IS
 
 /*
  * Makes the partitions of one day (UTC) in both archive tables, unless they
- * exist; true when it made them.  Each is made as a table of its own and
- * then attached, which locks the parent only against other DDL (SHARE
- * UPDATE EXCLUSIVE), so reads and moves of the archive go on meanwhile.
- * Called by dwarf.maintain only, which holds its lock, so two calls never
- * race to make the same day.
+ * exist; true when it made them.  Each is made as a table of its own, with
+ * its indexes, and then attached, which locks the parent only against
+ * other DDL (SHARE UPDATE EXCLUSIVE), so reads and moves of the archive go
+ * on meanwhile.  Called by dwarf.maintain only, which holds its lock, so
+ * two calls never race to make the same day.
+ *
+ * A day of flows has B-trees: by id (every read of a flow), and the partial
+ * ones that dwarf.create's idempotency key, dwarf.list's thread and a
+ * parent's children are looked up by.  A day of steps has block-range
+ * indexes, not B-trees: dwarf.maintain appends a chunk's steps sorted by
+ * flow, so a flow's steps sit on one or two pages whose range of flow ids
+ * is narrow, and an append costs no index WAL (a B-tree entry per step
+ * would add a quarter to the move's WAL).  A lookup goes to one day
+ * partition through the flow's row (see dwarf.flow_steps), and
+ * dwarf.archive_steps summarizes the pages it fills as it goes.
  */
 CREATE FUNCTION dwarf.make_archive_day(day date) RETURNS boolean
 	LANGUAGE plpgsql STRICT
@@ -647,20 +689,38 @@ DECLARE
 	lo text := to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00';
 	hi text := to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00';
 	parent text;
+	part text;
 BEGIN
 	IF to_regclass('dwarf.flow_archive_' || suffix) IS NOT NULL THEN
 		RETURN false;
 	END IF;
 	FOREACH parent IN ARRAY ARRAY['flow_archive', 'step_archive'] LOOP
-		EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.%I INCLUDING DEFAULTS)',
-					   parent || '_' || suffix, parent);
+		part := parent || '_' || suffix;
+		EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.%I INCLUDING DEFAULTS)', part, parent);
+		IF parent = 'flow_archive' THEN
+			EXECUTE format('CREATE INDEX %I ON dwarf.%I (id)', part || '_id', part);
+			EXECUTE format('CREATE INDEX %I ON dwarf.%I (owner, idempotency_key)'
+						   ' WHERE idempotency_key IS NOT NULL', part || '_idempotency_key', part);
+			EXECUTE format('CREATE INDEX %I ON dwarf.%I (thread, id) WHERE thread IS NOT NULL',
+						   part || '_thread', part);
+			EXECUTE format('CREATE INDEX %I ON dwarf.%I (parent_id) WHERE parent_id IS NOT NULL',
+						   part || '_parent', part);
+		ELSE
+			EXECUTE format('CREATE INDEX %I ON dwarf.%I USING brin (flow_id)'
+						   ' WITH (pages_per_range = 16)', part || '_flow', part);
+			EXECUTE format('CREATE INDEX %I ON dwarf.%I USING brin (step_id)'
+						   ' WITH (pages_per_range = 16)', part || '_step_id', part);
+		END IF;
 		EXECUTE format('ALTER TABLE dwarf.%I ATTACH PARTITION dwarf.%I FOR VALUES FROM (%L) TO (%L)',
-					   parent, parent || '_' || suffix, lo, hi);
+					   parent, part, lo, hi);
 	END LOOP;
 	RETURN true;
 END
 $$;
 REVOKE ALL ON FUNCTION dwarf.make_archive_day(date) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.make_archive_day(date) IS
+	'For dwarf.maintain: makes the partitions of one day (UTC) of dwarf.flow_archive and dwarf.step_archive, '
+	'with their indexes, unless they exist; true when it made them';
 
 CREATE FUNCTION dwarf.archive_steps(flow_ids bigint[], closed timestamptz[]) RETURNS bigint
 	LANGUAGE c STRICT

@@ -121,6 +121,23 @@ SET ROLE rt_other;
 SELECT rt.try('SELECT dwarf.maintain()');
 RESET ROLE;
 
+-- An index someone adds to a day partition of the steps is kept as a
+-- statement would keep it: a partial index gets only the rows its
+-- predicate takes.  rt.count_today counts today's archived steps.
+CREATE FUNCTION rt.count_today(cond text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+	n bigint;
+BEGIN
+	EXECUTE format('SELECT count(*) FROM dwarf.%I WHERE %s',
+				   'step_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'), cond) INTO n;
+	RETURN n;
+END $$;
+DO $$
+BEGIN
+	EXECUTE format('CREATE INDEX rt_failed_steps ON dwarf.%I (flow_id) WHERE status = %L',
+				   'step_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'), 'failed');
+END $$;
+
 -- Two hours later: the closed flows move with their steps; the interrupted
 -- flows stay, and so does the closed child whose parent still waits.
 SELECT (r ->> 'moved_flows')::int >= 4 AS moved, (r ->> 'more')::boolean AS more
@@ -131,6 +148,18 @@ SELECT count(*) AS steps_off_their_flows_day
   FROM dwarf.step_archive s JOIN rt.flows r ON r.id = s.flow_id
  WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow_archive f
 					WHERE f.id = s.flow_id AND f.finished_at = s.flow_finished_at);
+-- the partial index holds the failed steps only: a scan of it (the only
+-- index path once bitmap scans are off) counts what a sequential scan counts
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+CREATE TEMP TABLE rt_by_index AS SELECT rt.count_today($$status = 'failed'$$) AS n;
+RESET enable_seqscan;
+SET enable_indexscan = off;
+SELECT i.n = rt.count_today($$status = 'failed'$$) AS same_count, i.n >= 1 AS has_failed,
+	   rt.count_today('true') > i.n AS has_others
+  FROM rt_by_index i;
+RESET enable_indexscan;
+RESET enable_bitmapscan;
 
 ----------------------------------------------------------------------
 -- every read says the same of an archived flow
@@ -142,6 +171,28 @@ SELECT b.name,
 	   dwarf.state_at(f.id) = b.state AS state
   FROM rt.before b JOIN rt.flows f USING (name) ORDER BY b.name;
 SELECT status, state, steps FROM dwarf.snapshot((SELECT id FROM rt.flows WHERE name = 'plain'));
+-- each day partition has its own indexes, which the reads of an archived
+-- flow use (with sequential scans off, as dwarf.flow_steps has them)
+CREATE FUNCTION rt.uses_index(sql text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+	line text;
+	plan text := '';
+BEGIN
+	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || sql LOOP
+		plan := plan || line || E'\n';
+	END LOOP;
+	RETURN plan LIKE '%Index%' AND plan NOT LIKE '%Seq Scan%';
+END $$;
+SET enable_seqscan = off;
+SELECT rt.uses_index(format('SELECT * FROM dwarf.flow_all WHERE id = %s', f.id)) AS by_id,
+	   rt.uses_index(format('SELECT * FROM dwarf.step_archive WHERE flow_id = %s AND flow_finished_at = %L',
+							f.id, f.finished_at)) AS its_steps,
+	   rt.uses_index(format('SELECT id FROM dwarf.flow_archive WHERE owner = %L::regrole AND idempotency_key = %L',
+							f.owner, 'rt-once')) AS by_key,
+	   rt.uses_index($$SELECT id FROM dwarf.flow_archive WHERE thread = 'rt-thread'$$) AS by_thread,
+	   rt.uses_index(format('SELECT id FROM dwarf.flow_archive WHERE parent_id = %s', f.id)) AS by_parent
+  FROM dwarf.flow_archive f WHERE f.id = (SELECT id FROM rt.flows WHERE name = 'plain');
+RESET enable_seqscan;
 SELECT task, status FROM dwarf.step((SELECT id FROM rt.flows WHERE name = 'plain'), 'B');
 -- list: live and archived together, newest first, and the same cursor
 SELECT array_agg(l.flow_id ORDER BY l.flow_id DESC) = array_agg(l.flow_id ORDER BY ord) AS newest_first,

@@ -9,27 +9,30 @@
  * workflow engine that commits every step runs out of first.  An
  * INSERT ... SELECT logs one record per row; a multi-insert (what COPY
  * uses) logs one per page, with a few bytes per row, which takes about a
- * fifth off the move's WAL.  The archive's indexes are block-range
- * indexes, which cost nothing for rows appended to new pages; the ranges
- * this call filled are summarized before it returns, so that lookups of
- * the flows just archived find their pages at once.
+ * fifth off the move's WAL.  The rows' index entries go in through the
+ * executor (ExecInsertIndexTuples), as a statement's would, so that any
+ * index a day partition has is kept right: its predicate, its uniqueness.
+ * The ones dwarf.make_archive_day makes are block-range indexes, which
+ * cost nothing for rows appended to new pages; the ranges this call filled
+ * are summarized before it returns, so that lookups of the flows just
+ * archived find their pages at once.
  */
 #include "postgres.h"
 
 #include "access/brin.h"
-#include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am_d.h"
 #include "catalog/pg_type.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
+#include "nodes/makefuncs.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
@@ -63,14 +66,16 @@ typedef struct StepToMove
 	HeapTuple	tuple;
 } StepToMove;
 
-/* One day partition of dwarf.step_archive, open, with rows waiting to go in. */
+/*
+ * One day partition of dwarf.step_archive, open as the executor's result
+ * relation (with its indexes), with rows waiting to go in.
+ */
 typedef struct DayPartition
 {
 	char		name[NAMEDATALEN];
 	Relation	rel;
-	int			nindexes;
-	Relation   *indexes;
-	IndexInfo **infos;
+	EState	   *estate;
+	ResultRelInfo *rri;
 	TupleTableSlot *slots[ARCHIVE_BATCH];
 	int			nslots;
 	BulkInsertState bistate;
@@ -119,9 +124,7 @@ static void
 OpenDayPartition(DayPartition *part)
 {
 	Oid			relid = get_relname_relid(part->name, get_namespace_oid("dwarf", false));
-	List	   *indexes;
-	ListCell   *lc;
-	int			i = 0;
+	int			i;
 
 	if (!OidIsValid(relid))
 		ereport(ERROR,
@@ -132,16 +135,10 @@ OpenDayPartition(DayPartition *part)
 	if (RelationGetDescr(part->rel)->natts != STEP_COLUMNS + 1)
 		elog(ERROR, "dwarf: dwarf.%s has %d columns, not %d", part->name,
 			 RelationGetDescr(part->rel)->natts, STEP_COLUMNS + 1);
-	indexes = RelationGetIndexList(part->rel);
-	part->nindexes = list_length(indexes);
-	part->indexes = palloc(sizeof(Relation) * Max(part->nindexes, 1));
-	part->infos = palloc(sizeof(IndexInfo *) * Max(part->nindexes, 1));
-	foreach(lc, indexes)
-	{
-		part->indexes[i] = index_open(lfirst_oid(lc), RowExclusiveLock);
-		part->infos[i] = BuildIndexInfo(part->indexes[i]);
-		i++;
-	}
+	part->estate = CreateExecutorState();
+	part->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(part->rri, part->rel, 0, NULL, 0);
+	ExecOpenIndices(part->rri, false);
 	for (i = 0; i < ARCHIVE_BATCH; i++)
 		part->slots[i] = table_slot_create(part->rel, NULL);
 	part->nslots = 0;
@@ -149,12 +146,14 @@ OpenDayPartition(DayPartition *part)
 	part->first_new = RelationGetNumberOfBlocks(part->rel);
 }
 
-/* Writes the rows waiting for a partition, and their index entries. */
+/*
+ * Writes the rows waiting for a partition, then their index entries, as
+ * COPY does after a multi-insert.
+ */
 static void
 FlushDayPartition(DayPartition *part)
 {
-	int			i,
-				j;
+	int			i;
 
 	if (part->nslots == 0)
 		return;
@@ -162,15 +161,9 @@ FlushDayPartition(DayPartition *part)
 					   part->bistate);
 	for (i = 0; i < part->nslots; i++)
 	{
-		for (j = 0; j < part->nindexes; j++)
-		{
-			Datum		values[INDEX_MAX_KEYS];
-			bool		isnull[INDEX_MAX_KEYS];
-
-			FormIndexDatum(part->infos[j], part->slots[i], NULL, values, isnull);
-			index_insert(part->indexes[j], values, isnull, &part->slots[i]->tts_tid, part->rel,
-						 UNIQUE_CHECK_NO, false, part->infos[j]);
-		}
+		list_free(ExecInsertIndexTuples(part->rri, part->slots[i], part->estate,
+										false, false, NULL, NIL));
+		ResetPerTupleExprContext(part->estate);
 		ExecClearTuple(part->slots[i]);
 	}
 	part->nslots = 0;
@@ -196,9 +189,9 @@ SummarizeNewRanges(DayPartition *part)
 	 */
 	if (!ConditionalLockRelation(part->rel, ShareUpdateExclusiveLock))
 		return;
-	for (i = 0; i < part->nindexes; i++)
+	for (i = 0; i < part->rri->ri_NumIndices; i++)
 	{
-		Relation	index = part->indexes[i];
+		Relation	index = part->rri->ri_IndexRelationDescs[i];
 		BlockNumber per_range;
 		BlockNumber block;
 
@@ -213,6 +206,7 @@ SummarizeNewRanges(DayPartition *part)
 	}
 }
 
+/* Writes what waits for a partition, summarizes it and closes it. */
 static void
 CloseDayPartition(DayPartition *part)
 {
@@ -223,8 +217,8 @@ CloseDayPartition(DayPartition *part)
 	for (i = 0; i < ARCHIVE_BATCH; i++)
 		ExecDropSingleTupleTableSlot(part->slots[i]);
 	FreeBulkInsertState(part->bistate);
-	for (i = 0; i < part->nindexes; i++)
-		index_close(part->indexes[i], RowExclusiveLock);
+	ExecCloseIndices(part->rri);
+	FreeExecutorState(part->estate);
 	table_close(part->rel, RowExclusiveLock);
 }
 
