@@ -141,6 +141,26 @@ SELECT pg_catalog.pg_extension_config_dump('dwarf.step', '');
 SELECT pg_catalog.pg_extension_config_dump('dwarf.step_seq', '');
 
 /*
+ * A physical copy of a server (pg_basebackup, a file-system snapshot) holds
+ * the same flows and sequences, so left alone it hands out the flow ids and
+ * step keys its source hands out too.  A copy that will run apart from its
+ * source (a staging clone of production) takes a tag of its own with
+ * dwarf.new_incarnation(); every dwarf.step_key() it gives from then on
+ * carries the tag, so no service outside sees a key of the source again.
+ * No row: the original server's keys carry no tag.
+ */
+CREATE TABLE dwarf.incarnation (
+	tag			text NOT NULL,
+	taken_at	timestamptz NOT NULL DEFAULT now(),
+	one_row		boolean PRIMARY KEY DEFAULT true CHECK (one_row)
+);
+COMMENT ON TABLE dwarf.incarnation IS
+	'The tag this database''s step keys carry since dwarf.new_incarnation() (no row: none)';
+REVOKE ALL ON dwarf.incarnation FROM PUBLIC;
+GRANT SELECT ON dwarf.incarnation TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('dwarf.incarnation', '');
+
+/*
  * After a restore, the workers take the restored flows in.  The restore
  * copies the rows in after CREATE EXTENSION has started the database's
  * workers, which know only the flows they were told of: this trigger asks
@@ -381,6 +401,28 @@ CREATE FUNCTION dwarf.step_key() RETURNS text
 	AS 'MODULE_PATHNAME', 'dwarf_step_key';
 COMMENT ON FUNCTION dwarf.step_key() IS
 	'Inside a task: a key for this step, stable across attempts and crashes, for idempotent external calls';
+
+CREATE FUNCTION dwarf.new_incarnation() RETURNS text
+	LANGUAGE plpgsql STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+DECLARE
+	tag text := left(replace(gen_random_uuid()::text, '-', ''), 16);
+BEGIN
+	IF pg_is_in_recovery() THEN
+		RAISE EXCEPTION 'dwarf.new_incarnation() cannot run on a standby server'
+			USING ERRCODE = 'read_only_sql_transaction',
+				  HINT = 'Run it on the copy once it runs as a primary, before it runs flows.';
+	END IF;
+	DELETE FROM dwarf.incarnation;
+	INSERT INTO dwarf.incarnation (tag) VALUES (tag);
+	RETURN tag;
+END
+$$;
+REVOKE ALL ON FUNCTION dwarf.new_incarnation() FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.new_incarnation() IS
+	'On a physical copy that runs apart from its source: a new random tag that every dwarf.step_key() '
+	'of this database carries from now on, so that the copy never gives a key its source gives';
 
 CREATE FUNCTION dwarf.baggage() RETURNS jsonb
 	LANGUAGE c

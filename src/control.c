@@ -65,19 +65,44 @@ dwarf_goto(PG_FUNCTION_ARGS)
 DWARF_FUNCTION(dwarf_step_key);
 
 /*
+ * The tag of this database's incarnation (dwarf.new_incarnation), or NULL
+ * on a server that never took one.
+ */
+static char *
+IncarnationTag(void)
+{
+	MemoryContext outer = CurrentMemoryContext;
+	char	   *tag = NULL;
+
+	SPI_connect();
+	if (SPI_execute("SELECT tag FROM dwarf.incarnation", true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read dwarf.incarnation");
+	if (SPI_processed == 1)
+		tag = MemoryContextStrdup(outer, SPI_getvalue(SPI_tuptable->vals[0],
+													  SPI_tuptable->tupdesc, 1));
+	SPI_finish();
+	return tag;
+}
+
+/*
  * dwarf.step_key(): flow, branch, how many steps that branch took before,
- * and task.  Every attempt of the step, before or after a crash, gets the
- * same key; a loop back to the same task gets a new one.
+ * and task, after the database's incarnation tag if it took one (a copy
+ * that runs apart from its source).  Every attempt of the step, before or
+ * after a crash, gets the same key; a loop back to the same task gets a new
+ * one.
  */
 Datum
 dwarf_step_key(PG_FUNCTION_ARGS)
 {
 	StepContext *step = CurrentStep("dwarf.step_key()");
+	char	   *tag = IncarnationTag();
+	char	   *key = psprintf(INT64_FORMAT "-%d-%d-%s",
+							   step->flow->id, step->token->id, step->token->visits,
+							   step->flow->graph->nodes[step->token->node].name);
 
-	PG_RETURN_TEXT_P(cstring_to_text(psprintf(INT64_FORMAT "-%d-%d-%s",
-											  step->flow->id, step->token->id,
-											  step->token->visits,
-											  step->flow->graph->nodes[step->token->node].name)));
+	if (tag)
+		key = psprintf("%s/%s", tag, key);
+	PG_RETURN_TEXT_P(cstring_to_text(key));
 }
 
 DWARF_FUNCTION(dwarf_flow_id);

@@ -201,6 +201,7 @@ typedef struct Batch
 	bool		isolated;		/* each step in a subtransaction */
 	bool		alone;			/* one step, which met a lock conflict */
 	const char *task;			/* of the step run last */
+	bool		discard;			/* roll back, quietly (a runner's cancelled flow) */
 } Batch;
 
 /*
@@ -260,6 +261,16 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 		return;
 	}
 	b->ran++;
+	if (Worker.is_runner && !FlowStillRuns(flow->id))
+	{
+		/*
+		 * The runner's flow was cancelled (or closed and archived) while
+		 * its step ran: nothing of the step is kept.  The check locks the
+		 * flow's row, so a cancel after it waits for our commit.
+		 */
+		b->discard = true;
+		return;
+	}
 	if (token)
 		token->running = false;
 	if (result == STEP_BROKEN)
@@ -521,13 +532,8 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		foreach(lc, b->entries)
 			RunEntry(b, lfirst(lc), foreach_current_index(lc));
 		RowsEnd();
-		if (Worker.is_runner && !FlowStillRuns(((ReadyEntry *) linitial(b->entries))->flow_id))
+		if (b->discard)
 		{
-			/*
-			 * The runner's flow was cancelled (or closed and archived)
-			 * while its step ran: nothing of the step is kept.  The check
-			 * locks the row, so a cancel after it waits for our commit.
-			 */
 			PopActiveSnapshot();
 			SPI_finish();
 			AbortCurrentTransaction();

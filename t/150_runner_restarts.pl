@@ -17,11 +17,12 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(sleep);
+use Time::HiRes qw(time sleep);
 use FindBin;
 use lib $FindBin::Bin;
 use DwarfTest;
 
+my $t0   = time;
 my $node = new_node('runner_restarts', max_worker_processes => 32);
 $node->safe_psql('postgres', q{
 CREATE EXTENSION dwarf;
@@ -78,8 +79,10 @@ ok($node->poll_query_until('postgres',
 
 # ------------------------------------------------ 2. the flow is cancelled
 $id = lent_flow(3);
-is($node->safe_psql('postgres', "SELECT dwarf.cancel($id, 'changed my mind')"),
-	't', 'the flow is cancelled while its runner runs');
+$node->safe_psql('postgres', "SELECT dwarf.cancel($id, 'changed my mind')");
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'dwarf runner'"),
+	'1', 'the flow is cancelled while its runner runs');
 ok($node->poll_query_until('postgres',
 		"SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'dwarf runner'"),
 	'the runner is done');
@@ -95,5 +98,5 @@ is($node->safe_psql('postgres',
 		q{SELECT status FROM dwarf.run('slow', '{"sleep": 0}', timeout => '30 s')}),
 	'completed', 'a new flow completes');
 check_no_crash($node);
-stop_node($node);
+stop_node($node, $t0);
 done_testing();

@@ -1,6 +1,6 @@
 # Copyright: dwarf project.
 #
-# 130_run_peers_gone.pl: dwarf.run's create request outlives neither of its
+# 135_run_peers_gone.pl: dwarf.run's create request outlives neither of its
 # two ends, and what dwarf.run says of its flow is true.
 #
 #  1. A caller terminated while its 5 KB input (too large for its request
