@@ -45,21 +45,34 @@ MaxRunners(void)
 
 /* ---------- which tasks are slow ---------- */
 
+/*
+ * This database's entry for a task, or NULL.  With make, a new entry if
+ * there is none: a free one, else the one noted longest ago (the table
+ * holds the tasks found slow lately; one evicted is found slow again the
+ * next time it runs long).  Under slow_mutex.
+ */
 static DwarfSlowTask *
-FindSlow(Oid fn)
+FindSlow(Oid fn, bool make)
 {
+	DwarfSlowTask *free_entry = NULL;
+	DwarfSlowTask *oldest = NULL;
 	int			i;
 
 	for (i = 0; i < DWARF_SLOW_TASKS; i++)
 	{
 		DwarfSlowTask *t = &Dwarf->slow[(fn + i) % DWARF_SLOW_TASKS];
 
-		if (t->dboid == InvalidOid)
-			return t;
 		if (t->dboid == MyDatabaseId && t->fn == fn)
 			return t;
+		if (t->dboid == InvalidOid)
+		{
+			if (free_entry == NULL)
+				free_entry = t;
+		}
+		else if (oldest == NULL || t->noted_at < oldest->noted_at)
+			oldest = t;
 	}
-	return NULL;
+	return !make ? NULL : free_entry ? free_entry : oldest;
 }
 
 /* Does this task's steps go to runners?  One atomic read when nothing changed. */
@@ -73,8 +86,8 @@ TaskIsSlow(GraphNode *node)
 		DwarfSlowTask *t;
 
 		SpinLockAcquire(&Dwarf->slow_mutex);
-		t = FindSlow(node->fn);
-		node->slow = t && t->dboid != InvalidOid && t->slow;
+		t = FindSlow(node->fn, false);
+		node->slow = t != NULL;
 		SpinLockRelease(&Dwarf->slow_mutex);
 		node->slow_epoch = epoch;
 	}
@@ -83,25 +96,30 @@ TaskIsSlow(GraphNode *node)
 
 /*
  * Records how long a step of this task ran: from dwarf.long_step on, the
- * task is slow; quicker, it is not (any more).
+ * task is slow (it takes an entry); quicker, it is not (any more: its
+ * entry is freed).
  */
 void
 NoteTaskTime(GraphNode *node, int64 us)
 {
 	bool		slow = dwarf_long_step > 0 && us >= (int64) dwarf_long_step * 1000;
 	DwarfSlowTask *t;
+	TimestampTz now;
 
 	if (slow == TaskIsSlow(node))
 		return;
+	now = GetCurrentTimestamp();
 	SpinLockAcquire(&Dwarf->slow_mutex);
-	t = FindSlow(node->fn);
-	if (t)						/* a full table keeps the tasks it has */
+	t = FindSlow(node->fn, slow);
+	if (t && slow)
 	{
 		t->dboid = MyDatabaseId;
 		t->fn = node->fn;
-		t->slow = slow;
-		pg_atomic_fetch_add_u32(&Dwarf->slow_epoch, 1);
+		t->noted_at = now;
 	}
+	else if (t)
+		t->dboid = InvalidOid;
+	pg_atomic_fetch_add_u32(&Dwarf->slow_epoch, 1);
 	SpinLockRelease(&Dwarf->slow_mutex);
 }
 

@@ -130,14 +130,14 @@ typedef struct DwarfRunnerSlot
 	bool		done;
 } DwarfRunnerSlot;
 
-/* Tasks found slow, for every worker of their database (lend.c). */
+/* Tasks found slow lately, for every worker of their database (lend.c). */
 #define DWARF_SLOW_TASKS	256
 
 typedef struct DwarfSlowTask
 {
 	Oid			dboid;			/* InvalidOid: free */
-	Oid			fn;
-	bool		slow;
+	Oid			fn;				/* a task of that database found slow */
+	TimestampTz noted_at;		/* when; the oldest goes first when full */
 } DwarfSlowTask;
 
 typedef struct DwarfShared

@@ -68,14 +68,14 @@ wait_for_workers($node, 'both workers are back');
 ok($node->poll_query_until('postgres',
 		"SELECT status = 'completed' FROM dwarf.flow WHERE id = $id"),
 	'the flow completes');
+ok($node->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'dwarf runner'"),
+	'no runner is left (a second one would have lent the step again)');
 is($node->safe_psql('postgres', "SELECT count(*) FROM ran WHERE flow_id = $id"),
 	'1', "the task's write happened once");
 is($node->safe_psql('postgres',
 		"SELECT count(*) FROM dwarf.step WHERE flow_id = $id AND task = 'S'"),
 	'1', 'the flow has one row for the step');
-ok($node->poll_query_until('postgres',
-		"SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'dwarf runner'"),
-	'no runner is left');
 
 # ------------------------------------------------ 2. the flow is cancelled
 $id = lent_flow(3);
