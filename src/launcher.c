@@ -106,10 +106,16 @@ StopDatabaseWorkers(Oid dboid)
 	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
 	{
 		DwarfRunnerSlot *runner = &Dwarf->runners[i];
+		bool		ours;
 		pid_t		pid = 0;
 
+		SpinLockAcquire(&Dwarf->mutex);
+		ours = runner->in_use && runner->dboid == dboid;
+		SpinLockRelease(&Dwarf->mutex);
+		if (!ours)
+			continue;
 		SpinLockAcquire(&runner->mutex);
-		if (runner->dboid == dboid && !runner->done)
+		if (!runner->done)
 			pid = runner->pid;
 		SpinLockRelease(&runner->mutex);
 		if (pid > 0)
