@@ -349,6 +349,28 @@ FindDatabase(List *entries, Oid dboid)
 	return NULL;
 }
 
+/* Forgets dropped databases whose workers have all stopped. */
+static void
+ForgetDropped(void)
+{
+	int			i;
+
+	for (i = 0; i < ndbs; i++)
+	{
+		int			w;
+		bool		idle = true;
+
+		for (w = 0; w < DWARF_MAX_WORKERS; w++)
+			if (dbs[i].handles[w] != NULL)
+				idle = false;
+		if (idle && dbs[i].dropped)
+		{
+			dbs[i] = dbs[--ndbs];
+			i--;
+		}
+	}
+}
+
 /*
  * Adds databases not yet known; stops tending dropped ones, and forgets
  * them once their workers have stopped; after a rescan request, probes
@@ -399,25 +421,12 @@ RefreshDatabases(bool reprobe)
 		else
 		{
 			db->name = entry->name;
+			db->dropped = false;	/* its oid may have been taken again */
 			if (reprobe)
 				db->absent = false;
 		}
 	}
-	/* Forget dropped databases whose workers have all stopped. */
-	for (i = 0; i < ndbs; i++)
-	{
-		int			w;
-		bool		idle = true;
-
-		for (w = 0; w < DWARF_MAX_WORKERS; w++)
-			if (dbs[i].handles[w] != NULL)
-				idle = false;
-		if (idle && dbs[i].dropped)
-		{
-			dbs[i] = dbs[--ndbs];
-			i--;
-		}
-	}
+	ForgetDropped();
 	list_free_deep(entries);
 }
 
@@ -478,6 +487,8 @@ TendWorkers(void)
 	 */
 	if (verify)
 		RefreshDatabases(false);
+	else
+		ForgetDropped();
 
 	for (d = 0; d < ndbs; d++)
 	{
