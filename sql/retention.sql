@@ -246,6 +246,7 @@ REVOKE USAGE ON SCHEMA rt FROM rt_other;
 ----------------------------------------------------------------------
 SELECT dwarf.delete((SELECT id FROM rt.flows WHERE name = 'keyed'));
 SELECT rt.place(id) FROM rt.flows WHERE name = 'keyed';
+-- (purge keeps child_done: its parent, still interrupted, reads it again)
 SELECT dwarf.purge(older_than => '0 s') >= 1 AS purged;
 SELECT f.name, rt.place(f.id) FROM rt.flows f WHERE f.name IN ('plain', 'failed') ORDER BY f.name;
 

@@ -8,6 +8,12 @@
  * a worker in a database without the extension says so and exits.  Such
  * databases are probed again only when some backend creates an extension or
  * a database (the object access hook below asks for a rescan on commit).
+ *
+ * DROP DATABASE stops the database's workers (the hook below, as dropdb
+ * does for autovacuum), and a worker that stopped is restarted only after
+ * pg_database shows its database is still there.  A worker that cannot
+ * start for want of a background worker slot is tried again with a
+ * backoff, and the server log says so once, and again when it starts.
  */
 #include "postgres.h"
 
@@ -38,15 +44,31 @@
 typedef struct LauncherDb
 {
 	Oid			dboid;
-	bool		absent;			/* probed: no dwarf there */
+	NameData	name;
+	bool		absent;			/* probed: no dwarf there; or dropped */
+	bool		dropped;		/* gone from pg_database */
+	bool		verify;			/* a worker stopped: is the database still there? */
 	BackgroundWorkerHandle *handles[DWARF_MAX_WORKERS];
 	int			slots[DWARF_MAX_WORKERS];
 	TimestampTz restart_at[DWARF_MAX_WORKERS];
 	uint64		started_gen[DWARF_MAX_WORKERS];	/* rescan generation at start */
+	int			retry_ms[DWARF_MAX_WORKERS];	/* backoff while no slot is free, or 0 */
+	TimestampTz waiting_since[DWARF_MAX_WORKERS];	/* ... since when */
+	bool		warned[DWARF_MAX_WORKERS];	/* ... and the log says so */
 } LauncherDb;
+
+/* A row of pg_database that may have dwarf. */
+typedef struct DbEntry
+{
+	Oid			dboid;
+	NameData	name;
+} DbEntry;
 
 #define LAUNCHER_MAX_DBS 1024
 #define RESTART_DELAY_MS 1000
+#define RETRY_MIN_MS	250		/* first retry of a worker that found no slot */
+#define RETRY_MAX_MS	10000	/* ... doubling up to this */
+#define RETRY_WARN_MS	5000	/* waits longer than at startup's contention */
 
 static LauncherDb dbs[LAUNCHER_MAX_DBS];
 static int	ndbs = 0;
@@ -55,8 +77,56 @@ static uint64 rescan_gen = 0;	/* counts rescan requests */
 static object_access_hook_type prev_object_access_hook = NULL;
 
 /*
+ * DROP DATABASE: its dwarf workers and runners are told to exit, as dropdb
+ * does with autovacuum workers, so that the drop does not fail for their
+ * sessions (it waits for them to go).  dropdb already holds the database's
+ * lock, so a worker the launcher starts meanwhile waits at connect; if the
+ * drop fails after all, that worker carries on, and if it commits, the
+ * launcher sees the database gone and starts none again.
+ */
+static void
+StopDatabaseWorkers(Oid dboid)
+{
+	int			i;
+
+	if (Dwarf == NULL)
+		return;
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+		pid_t		pid = 0;
+
+		SpinLockAcquire(&slot->mutex);
+		if (slot->dboid == dboid)
+			pid = slot->pid;
+		SpinLockRelease(&slot->mutex);
+		if (pid > 0)
+			kill(pid, SIGTERM);
+	}
+	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
+	{
+		DwarfRunnerSlot *runner = &Dwarf->runners[i];
+		bool		ours;
+		pid_t		pid = 0;
+
+		SpinLockAcquire(&Dwarf->mutex);
+		ours = runner->in_use && runner->dboid == dboid;
+		SpinLockRelease(&Dwarf->mutex);
+		if (!ours)
+			continue;
+		SpinLockAcquire(&runner->mutex);
+		if (!runner->done)
+			pid = runner->pid;
+		SpinLockRelease(&runner->mutex);
+		if (pid > 0)
+			kill(pid, SIGTERM);
+	}
+}
+
+/*
  * Object access hook: a new extension or database may need workers.  The
- * rescan happens when the transaction commits.
+ * rescan happens when the transaction commits.  A dropped database's
+ * workers must go at once, for the drop to succeed.
  */
 static void
 DwarfObjectAccess(ObjectAccessType access, Oid classId, Oid objectId,
@@ -69,6 +139,8 @@ DwarfObjectAccess(ObjectAccessType access, Oid classId, Oid objectId,
 		 (access == OAT_POST_CREATE || access == OAT_DROP)) ||
 		(classId == DatabaseRelationId && access == OAT_POST_CREATE))
 		DwarfRescanOnCommit();
+	if (classId == DatabaseRelationId && access == OAT_DROP)
+		StopDatabaseWorkers(objectId);
 }
 
 /* Registers the launcher and the hook; from _PG_init when preloaded. */
@@ -91,7 +163,10 @@ DwarfRegisterLauncher(void)
 	object_access_hook = DwarfObjectAccess;
 }
 
-/* Reads pg_database: every database, but templates, that accepts connections. */
+/*
+ * Reads pg_database: every database, but templates, that accepts
+ * connections, as a list of DbEntry.
+ */
 static List *
 ListDatabases(void)
 {
@@ -108,6 +183,7 @@ ListDatabases(void)
 	while (HeapTupleIsValid(tup = heap_getnext(scan, ForwardScanDirection)))
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+		DbEntry    *entry;
 		MemoryContext old;
 
 		/*
@@ -118,7 +194,10 @@ ListDatabases(void)
 			db->datconnlimit == DATCONNLIMIT_INVALID_DB)
 			continue;
 		old = MemoryContextSwitchTo(outer);
-		result = lappend_oid(result, db->oid);
+		entry = palloc(sizeof(DbEntry));
+		entry->dboid = db->oid;
+		entry->name = db->datname;
+		result = lappend(result, entry);
 		MemoryContextSwitchTo(old);
 	}
 	table_endscan(scan);
@@ -168,20 +247,61 @@ ReleaseSlot(int i)
 	SpinLockRelease(&slot->mutex);
 }
 
-/* Starts worker number index of a database; false if that is not possible now. */
-static bool
-StartWorker(LauncherDb *db, int index)
+/*
+ * Worker index of db found no slot to start in: tries again after a
+ * backoff.  Once it has waited longer than the contention of a server
+ * start, the server log says so, with what to raise, as the flows that
+ * worker owns wait until it runs.
+ */
+static void
+RetryLater(LauncherDb *db, int index, TimestampTz now, bool dwarf_slots)
+{
+	if (db->retry_ms[index] == 0)
+	{
+		db->retry_ms[index] = RETRY_MIN_MS;
+		db->waiting_since[index] = now;
+		db->warned[index] = false;
+	}
+	else
+		db->retry_ms[index] = Min(db->retry_ms[index] * 2, RETRY_MAX_MS);
+	db->restart_at[index] = TimestampTzPlusMilliseconds(now, db->retry_ms[index]);
+
+	if (db->warned[index] ||
+		!TimestampDifferenceExceeds(db->waiting_since[index], now, RETRY_WARN_MS))
+		return;
+	db->warned[index] = true;
+	if (dwarf_slots)
+		ereport(WARNING,
+				(errmsg("dwarf: worker %d of database \"%s\" cannot start: all %d dwarf worker slots are taken",
+						index, NameStr(db->name), DWARF_MAX_WORKERS),
+				 errdetail("If dwarf is installed there, its flows whose id modulo dwarf.workers is %d wait until that worker starts; the launcher tries again every %d s.",
+						   index, RETRY_MAX_MS / 1000),
+				 errhint("Lower dwarf.workers (now %d), or drop the extension from databases that do not use it.",
+						 dwarf_workers)));
+	else
+		ereport(WARNING,
+				(errmsg("dwarf: worker %d of database \"%s\" cannot start: no background worker slot is free",
+						index, NameStr(db->name)),
+				 errdetail("If dwarf is installed there, its flows whose id modulo dwarf.workers is %d wait until that worker starts; the launcher tries again every %d s.",
+						   index, RETRY_MAX_MS / 1000),
+				 errhint("Raise max_worker_processes (now %d): each database with dwarf takes dwarf.workers (%d) slots, the launcher one, and runners up to dwarf.max_runners.",
+						 max_worker_processes, dwarf_workers)));
+}
+
+/*
+ * Starts worker number index of a database, or schedules a retry when no
+ * slot is free.
+ */
+static void
+StartWorker(LauncherDb *db, int index, TimestampTz now)
 {
 	BackgroundWorker worker;
 	int			slot = ClaimSlot(db->dboid, index);
 
 	if (slot < 0)
 	{
-		ereport(WARNING,
-				(errmsg("dwarf: no free worker slot for database %u", db->dboid),
-				 errhint("At most %d dwarf workers run at once, across all databases.",
-						 DWARF_MAX_WORKERS)));
-		return false;
+		RetryLater(db, index, now, true);
+		return;
 	}
 
 	memset(&worker, 0, sizeof(worker));
@@ -200,67 +320,114 @@ StartWorker(LauncherDb *db, int index)
 	{
 		ReleaseSlot(slot);
 		db->handles[index] = NULL;
-		ereport(WARNING,
-				(errmsg("dwarf: could not start a worker for database %u", db->dboid),
-				 errhint("Raise max_worker_processes.")));
-		return false;
+		RetryLater(db, index, now, false);
+		return;
 	}
+	if (db->retry_ms[index] != 0 && db->warned[index])
+		ereport(LOG,
+				(errmsg("dwarf: worker %d of database \"%s\" is starting, after waiting %ld s for a free slot",
+						index, NameStr(db->name),
+						(long) ((now - db->waiting_since[index]) / USECS_PER_SEC))));
+	db->retry_ms[index] = 0;
 	db->slots[index] = slot;
 	db->started_gen[index] = rescan_gen;
-	return true;
 }
 
-/* Adds databases not yet known; forgets dropped ones; after a rescan request, probes again. */
-static void
-RefreshDatabases(bool reprobe)
+/* The entry of dboid in a list of DbEntry, or NULL. */
+static DbEntry *
+FindDatabase(List *entries, Oid dboid)
 {
-	List	   *oids = ListDatabases();
 	ListCell   *lc;
+
+	foreach(lc, entries)
+	{
+		DbEntry    *entry = lfirst(lc);
+
+		if (entry->dboid == dboid)
+			return entry;
+	}
+	return NULL;
+}
+
+/* Forgets dropped databases whose workers have all stopped. */
+static void
+ForgetDropped(void)
+{
 	int			i;
 
-	foreach(lc, oids)
-	{
-		Oid			dboid = lfirst_oid(lc);
-		bool		known = false;
-
-		for (i = 0; i < ndbs; i++)
-			if (dbs[i].dboid == dboid)
-				known = true;
-		if (!known && ndbs < LAUNCHER_MAX_DBS)
-		{
-			memset(&dbs[ndbs], 0, sizeof(LauncherDb));
-			dbs[ndbs].dboid = dboid;
-			ndbs++;
-		}
-		else if (!known)
-			ereport(WARNING,
-					(errmsg("dwarf: database %u gets no workers: the launcher tends at most %d databases",
-							dboid, LAUNCHER_MAX_DBS),
-					 errhint("Drop the extension from databases that do not use it.")));
-	}
-	for (i = 0; i < ndbs; i++)
-	{
-		if (!list_member_oid(oids, dbs[i].dboid))
-			dbs[i].absent = true;	/* dropped; its workers are gone */
-		else if (reprobe)
-			dbs[i].absent = false;
-	}
-	/* Forget dropped databases whose workers have all stopped. */
 	for (i = 0; i < ndbs; i++)
 	{
 		int			w;
 		bool		idle = true;
 
-		for (w = 0; w < DWARF_MAX_WORKERS && w < lengthof(dbs[i].handles); w++)
+		for (w = 0; w < DWARF_MAX_WORKERS; w++)
 			if (dbs[i].handles[w] != NULL)
 				idle = false;
-		if (idle && !list_member_oid(oids, dbs[i].dboid))
+		if (idle && dbs[i].dropped)
 		{
 			dbs[i] = dbs[--ndbs];
 			i--;
 		}
 	}
-	list_free(oids);
+}
+
+/*
+ * Adds databases not yet known; stops tending dropped ones, and forgets
+ * them once their workers have stopped; after a rescan request, probes
+ * again.
+ */
+static void
+RefreshDatabases(bool reprobe)
+{
+	List	   *entries = ListDatabases();
+	ListCell   *lc;
+	int			i;
+
+	foreach(lc, entries)
+	{
+		DbEntry    *entry = lfirst(lc);
+		bool		known = false;
+
+		for (i = 0; i < ndbs; i++)
+			if (dbs[i].dboid == entry->dboid)
+				known = true;
+		if (!known && ndbs < LAUNCHER_MAX_DBS)
+		{
+			memset(&dbs[ndbs], 0, sizeof(LauncherDb));
+			dbs[ndbs].dboid = entry->dboid;
+			ndbs++;
+		}
+		else if (!known)
+			ereport(WARNING,
+					(errmsg("dwarf: database \"%s\" gets no workers: the launcher tends at most %d databases",
+							NameStr(entry->name), LAUNCHER_MAX_DBS),
+					 errhint("Drop the extension from databases that do not use it.")));
+	}
+	for (i = 0; i < ndbs; i++)
+	{
+		LauncherDb *db = &dbs[i];
+		DbEntry    *entry = FindDatabase(entries, db->dboid);
+
+		db->verify = false;
+		if (entry == NULL)
+		{
+			if (!db->dropped && !db->absent)
+				ereport(LOG,
+						(errmsg("dwarf: database \"%s\" was dropped; its workers are not started again",
+								NameStr(db->name))));
+			db->dropped = true;
+			db->absent = true;
+		}
+		else
+		{
+			db->name = entry->name;
+			db->dropped = false;	/* its oid may have been taken again */
+			if (reprobe)
+				db->absent = false;
+		}
+	}
+	ForgetDropped();
+	list_free_deep(entries);
 }
 
 /*
@@ -272,6 +439,7 @@ TendWorkers(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	long		sleep_ms = -1;
+	bool		verify = false;
 	int			d,
 				i;
 
@@ -291,35 +459,54 @@ TendWorkers(void)
 				/*
 				 * A worker that found no extension proves the database has
 				 * none, unless a rescan came after it started: then dwarf
-				 * may have been created since, and it starts again.
+				 * may have been created since, and it starts again.  Any
+				 * other stop may be DROP DATABASE's.
 				 */
 				if (slot->no_extension && db->started_gen[i] == rescan_gen)
 					db->absent = true;
 				else if (slot->no_extension)
 					db->restart_at[i] = now;
 				else
+				{
 					db->restart_at[i] = TimestampTzPlusMilliseconds(now, RESTART_DELAY_MS);
+					db->verify = true;
+				}
 				pfree(db->handles[i]);
 				db->handles[i] = NULL;
 				ReleaseSlot(db->slots[i]);
 			}
+			if (db->verify && !db->absent && db->handles[i] == NULL &&
+				db->restart_at[i] <= now)
+				verify = true;
 		}
+	}
+
+	/*
+	 * Before a worker that stopped starts again, pg_database must still
+	 * have its database: else it would fail to connect, again and again.
+	 */
+	if (verify)
+		RefreshDatabases(false);
+	else
+		ForgetDropped();
+
+	for (d = 0; d < ndbs; d++)
+	{
+		LauncherDb *db = &dbs[d];
+
 		if (db->absent)
 			continue;
 		for (i = 0; i < dwarf_workers; i++)
 		{
-			if (db->handles[i] != NULL)
-				continue;
-			if (db->restart_at[i] > now)
+			if (db->handles[i] == NULL && db->restart_at[i] <= now)
+				StartWorker(db, i, now);
+			if (db->handles[i] == NULL)
 			{
 				long		ms = TimestampDifferenceMilliseconds(now, db->restart_at[i]) + 1;
 
 				if (sleep_ms < 0 || ms < sleep_ms)
 					sleep_ms = ms;
-				continue;
 			}
-			if (!StartWorker(db, i))
-				sleep_ms = sleep_ms < 0 ? 10000 : Min(sleep_ms, 10000);
 		}
 	}
 	return sleep_ms;

@@ -406,28 +406,59 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(id);
 }
 
-/* Deletes a flow and its child flows, live or archived; one row per flow gone. */
-enum
-{
-	Anum_deleted_id = 1,
-	Anum_deleted_parent_id
-};
+/* Deletes a flow and its child flows, live or archived; their ids. */
 #define DELETE_FLOW_TREE_SQL \
 	"WITH RECURSIVE tree AS (" \
 	"  SELECT $1::bigint AS id" \
 	"  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id)," \
 	" steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))," \
 	" archived AS (DELETE FROM dwarf.flow_archive WHERE id IN (SELECT id FROM tree)" \
-	"  RETURNING id, parent_id, finished_at)," \
+	"  RETURNING id, finished_at)," \
 	" archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a" \
 	"  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at)," \
-	" live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree)" \
-	"  RETURNING id, parent_id)" \
-	" SELECT id, parent_id FROM live UNION ALL SELECT id, parent_id FROM archived"
+	" live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id)" \
+	" SELECT id FROM live UNION ALL SELECT id FROM archived"
+
+/*
+ * Refuses to delete a child flow while its parent is open (running or
+ * interrupted): the parent's step that called dwarf.subgraph reads the
+ * child's outcome whenever it runs again, and without the child it would
+ * start a new one.  The child can be cancelled instead (the parent's step
+ * then fails, or takes its on_error edge), or deleted with its parent.
+ * dwarf.maintain keeps such children in the live table for the same
+ * reason.  The caller is connected to SPI, as the extension owner.
+ */
+static void
+CheckNoOpenParent(int64 flow_id)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow_id)};
+	char	   *parent;
+	char	   *status;
+
+	Exec("SELECT p.id, p.status FROM dwarf.flow_all c JOIN dwarf.flow p ON p.id = c.parent_id"
+		 " WHERE c.id = $1 AND p.status IN ('running', 'interrupted')",
+		 1, types, args, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+		return;
+	parent = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	ereport(ERROR,
+			(errcode(ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST),
+			 errmsg("cannot delete flow " INT64_FORMAT ": it is a child of flow %s, which is still %s",
+					flow_id, parent, status),
+			 errdetail("Flow %s started it with dwarf.subgraph, and its step reads the child's outcome when it runs again.",
+					   parent),
+			 errhint("Cancel flow " INT64_FORMAT " instead (the step of flow %s that waits for it then fails), or delete flow %s, which deletes its child flows too.",
+					 flow_id, parent, parent)));
+}
 
 DWARF_FUNCTION(dwarf_delete);
 
-/* dwarf.delete(flow): the flow, its steps and its child flows, gone. */
+/*
+ * dwarf.delete(flow): the flow, its steps and its child flows, gone.  A
+ * child flow whose parent is still open cannot be deleted on its own.
+ */
 Datum
 dwarf_delete(PG_FUNCTION_ARGS)
 {
@@ -442,6 +473,7 @@ dwarf_delete(PG_FUNCTION_ARGS)
 	Connect();
 	(void) VisibleFlowStatus(flow_id);
 	saved = BecomeOwner();
+	CheckNoOpenParent(flow_id);
 
 	/*
 	 * Lock the live rows of the flow and its children first: dwarf.maintain
@@ -459,15 +491,10 @@ dwarf_delete(PG_FUNCTION_ARGS)
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
-		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-													 Anum_deleted_id, &isnull));
-		Datum		parent = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-										   Anum_deleted_parent_id, &isnull);
 
-		NoteOnCommit(id, NOTE_RELOAD_FLOW, true);
-		/* The flow asked for was a child: its parent stops waiting for it. */
-		if (id == flow_id && !isnull)
-			NoteOnCommit(DatumGetInt64(parent), NOTE_RELOAD_FLOW, false);
+		NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+												 1, &isnull)),
+					 NOTE_RELOAD_FLOW, true);
 	}
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -478,7 +505,9 @@ DWARF_FUNCTION(dwarf_purge);
 /*
  * dwarf.purge(older_than): deletes the closed flows (and their steps) of
  * the roles the caller has the privileges of, finished before now() minus
- * older_than.  Returns how many flows went.
+ * older_than.  A closed child whose parent is still open stays, as for
+ * dwarf.delete (its parent's step reads it again).  Returns how many flows
+ * went.
  */
 Datum
 dwarf_purge(PG_FUNCTION_ARGS)
@@ -495,11 +524,13 @@ dwarf_purge(PG_FUNCTION_ARGS)
 	Connect();
 	saved = BecomeOwner();
 	Exec("WITH gone AS ("
-		 "  DELETE FROM dwarf.flow"
-		 "   WHERE status IN ('completed', 'failed', 'cancelled')"
-		 "     AND finished_at < now() - $1"
-		 "     AND pg_has_role($2, owner, 'USAGE')"
-		 "  RETURNING id),"
+		 "  DELETE FROM dwarf.flow f"
+		 "   WHERE f.status IN ('completed', 'failed', 'cancelled')"
+		 "     AND f.finished_at < now() - $1"
+		 "     AND pg_has_role($2, f.owner, 'USAGE')"
+		 "     AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id"
+		 "                      AND p.status IN ('running', 'interrupted'))"
+		 "  RETURNING f.id),"
 		 " steps AS (DELETE FROM dwarf.step s USING gone WHERE s.flow_id = gone.id),"
 		 " archived AS ("
 		 "  DELETE FROM dwarf.flow_archive"
