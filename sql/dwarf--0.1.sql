@@ -638,7 +638,8 @@ CREATE FUNCTION dwarf.delete(flow_id bigint) RETURNS void
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_delete';
 COMMENT ON FUNCTION dwarf.delete(bigint) IS
-	'Deletes a flow, its steps and its child flows, whatever their status';
+	'Deletes a flow, its steps and its child flows, whatever their status; '
+	'a child flow whose parent is still running or interrupted is refused (cancel it instead)';
 
 CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days')
 	RETURNS bigint
@@ -646,7 +647,8 @@ CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days')
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_purge';
 COMMENT ON FUNCTION dwarf.purge(interval) IS
-	'Deletes the caller''s closed flows (and their steps) that finished longer ago than older_than; returns how many';
+	'Deletes the caller''s closed flows (and their steps) that finished longer ago than older_than, '
+	'but for children of a parent still open; returns how many';
 
 CREATE FUNCTION dwarf.worker_stats()
 	RETURNS TABLE (database oid, worker int, pid int, flows_loaded bigint,
