@@ -870,6 +870,7 @@ DwarfWorkerMain(Datum arg)
 		}
 		if (BackoffUntil > (now = GetCurrentTimestamp()))
 		{
+			ExitIfNotInstalled();	/* the error may be DROP EXTENSION's doing */
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 							 TimestampDifferenceMilliseconds(now, BackoffUntil) + 1,
 							 PG_WAIT_EXTENSION);
