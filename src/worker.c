@@ -12,8 +12,9 @@
  * committed.  dwarf.run's creates join the batch too (intake.c), so that a
  * short flow is created, run and closed in one commit.
  * A batch stops starting steps after dwarf.batch_time; slow tasks' steps go
- * to runners (lend.c); a step that met a lock conflict while sharing the
- * transaction runs again alone.
+ * to runners (lend.c), and a task that runs past dwarf.long_step here is
+ * preempted and its step lent (step.c); a step that met a lock conflict
+ * while sharing the transaction runs again alone.
  *
  * A batch first runs optimistically with no subtransactions.  If anything in
  * it fails, the transaction is rolled back, the flows it touched are
