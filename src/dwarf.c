@@ -155,6 +155,15 @@ _PG_init(void)
 							0,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("dwarf.max_step_time",
+							"Longest a step may run in a runner worker; it then fails.",
+							"A flow's time_budget may limit its steps further. 0 means no limit. (In a worker, a step that runs past dwarf.long_step is moved to a runner.)",
+							&dwarf_max_step_time,
+							3600000, 0, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
 	DefineCustomStringVariable("dwarf.archive_after",
 							   "How long a closed flow stays in the live tables before dwarf.maintain archives it.",
 							   "An interval, such as '1 min'. Running and interrupted flows are never archived.",

@@ -38,6 +38,7 @@ extern int	dwarf_batch_time;
 extern int	dwarf_long_step;
 extern int	dwarf_max_runners;
 extern int	dwarf_step_crashes;
+extern int	dwarf_max_step_time;	/* ms a step may run in a runner; 0: no limit */
 extern char *dwarf_archive_after;
 extern char *dwarf_retention;
 

@@ -19,6 +19,7 @@ int			dwarf_batch_time = 100;
 int			dwarf_long_step = 250;
 int			dwarf_max_runners = -1;
 int			dwarf_step_crashes = 3;
+int			dwarf_max_step_time = 3600000;
 char	   *dwarf_archive_after = NULL;
 char	   *dwarf_retention = NULL;
 

@@ -4,15 +4,16 @@
  *		their steps to runners (runner.c), one step a runner.
  *
  * Every step's run time is measured.  A task that once ran for
- * dwarf.long_step or more is marked slow in shared memory, for all the
+ * dwarf.long_step or more (or was preempted in a worker when it reached it,
+ * see step.c) is marked slow in shared memory, for all the
  * workers of its database; from then on the owning worker lends each of
  * its steps to a runner, a dynamic background worker started for that one
  * step, at most dwarf.max_runners at a time (steps wait for a free one).
  * When the runner is done, the owner reloads the flow and moves it on.
  * While a step is lent, no other step of its flow runs, however often the
  * owner reloads it (FlowIsLent, worker.h): the runner's copy of the flow
- * must stay the flow.  A step is lent only from a batch that holds no other
- * step of its flow, before the batch starts (its input is committed).  A
+ * must stay the flow.  A step is lent before its batch starts (its input is
+ * committed); the flow's other steps in that batch do not run.  A
  * slow task that runs quickly again comes back to the workers.
  *
  * A runner that dies before it is done gives its step back: the owner
@@ -41,6 +42,32 @@ MaxRunners(void)
 	int			n = dwarf_max_runners >= 0 ? dwarf_max_runners : max_worker_processes / 2;
 
 	return Min(n, DWARF_MAX_RUNNERS);
+}
+
+/*
+ * Do slow steps go to runners?  Then a task that runs past dwarf.long_step
+ * in a worker is preempted (step.c) and its step lent; otherwise it runs
+ * in the worker to its end.
+ */
+bool
+LendingOn(void)
+{
+	return dwarf_long_step > 0 && MaxRunners() > 0;
+}
+
+/* Runner slots in use, by any worker of any database. */
+static int
+RunnersInUse(void)
+{
+	int			used = 0;
+	int			i;
+
+	SpinLockAcquire(&Dwarf->mutex);
+	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
+		if (Dwarf->runners[i].in_use)
+			used++;
+	SpinLockRelease(&Dwarf->mutex);
+	return used;
 }
 
 /* ---------- which tasks are slow ---------- */
@@ -204,8 +231,9 @@ RunnerWants(FlowRun *flow, Token *token)
 /*
  * Lends a step of a slow task to a runner, or keeps it for the next free
  * one.  Returns false when the worker should run the step itself: the task
- * is not slow, runners are off, or none can start and none of ours is
- * running to make room.
+ * is not slow, runners are off, or none can start and none runs anywhere
+ * to make room (background worker slots are short).  While runners are
+ * merely busy the step waits: run in the worker, it would be preempted.
  */
 bool
 RunnerLend(FlowRun *flow, Token *token)
@@ -220,7 +248,7 @@ RunnerLend(FlowRun *flow, Token *token)
 	lent->flow_id = flow->id;
 	lent->token_id = token->id;
 	lent->runner = -1;
-	if (!StartRunner(lent) && Worker.lent == NIL)
+	if (!StartRunner(lent) && Worker.lent == NIL && RunnersInUse() == 0)
 	{
 		pfree(lent);
 		MemoryContextSwitchTo(old);

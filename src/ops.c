@@ -61,6 +61,18 @@ VisibleFlowStatus(int64 flow_id)
 }
 
 
+/*
+ * At commit, has the worker that owns a cancelled flow stop the flow's
+ * running step, if it has one (in the worker, or in a runner it lent the
+ * step to): while a task runs, both watch the worker's notes for this one
+ * (step.c), and the step's writes roll back.
+ */
+static void
+StopRunningStepOnCommit(int64 flow_id)
+{
+	NoteOnCommit(flow_id, NOTE_CANCEL_FLOW, false);
+}
+
 DWARF_FUNCTION(dwarf_cancel);
 
 /* dwarf.cancel(flow, reason): stops a running or interrupted flow. */
@@ -113,10 +125,11 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 		for (i = 0; i < SPI_processed; i++)
 		{
 			bool		isnull;
+			int64		child = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+															SPI_tuptable->tupdesc, 1, &isnull));
 
-			NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													 SPI_tuptable->tupdesc, 1, &isnull)),
-						 NOTE_RELOAD_FLOW, true);
+			NoteOnCommit(child, NOTE_RELOAD_FLOW, true);
+			StopRunningStepOnCommit(child);
 		}
 	}
 	else
@@ -132,6 +145,7 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	RestoreUser(saved);
 	SPI_finish();
 	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, true);
+	StopRunningStepOnCommit(flow_id);
 	PG_RETURN_VOID();
 }
 

@@ -22,7 +22,8 @@ typedef enum DwarfNoteKind
 {
 	NOTE_NEW_FLOW,				/* a committed create: load the flow */
 	NOTE_RELOAD_FLOW,			/* status changed outside (cancel): reload */
-	NOTE_RUN_REQUEST			/* flow_id is the pgprocno of a dwarf.run caller */
+	NOTE_RUN_REQUEST,			/* flow_id is the pgprocno of a dwarf.run caller */
+	NOTE_CANCEL_FLOW			/* cancelled: stop its running step, and reload */
 } DwarfNoteKind;
 
 typedef struct DwarfNote

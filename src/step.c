@@ -11,12 +11,24 @@
  * session advisory locks) is ended with it.  Its time budget, its error
  * document, and the rule that a lock conflict met while sharing a
  * transaction is not the task's fault live here too.
+ *
+ * So does how long a task may hold its process.  While a batch runs, a
+ * timer ticks every DWARF_STEP_TICK_MS; if a task is running, the tick
+ * stops it with a query cancel (which interrupts a lock wait too) when:
+ * in a worker, it has run for dwarf.long_step (it is preempted: its step
+ * is rolled back, the task marked slow, and the step given back untouched
+ * to be lent to a runner); in a runner, it has run for dwarf.max_step_time
+ * (the step fails); anywhere, its flow was cancelled (the owner's ring has
+ * the cancel's note: the step is rolled back and given back, and the flow's
+ * reload finds it cancelled).  Arming the timer once a batch, not once a
+ * step, keeps its cost off the hot path.
  */
 #include "postgres.h"
 
 #include "access/xact.h"
 #include "commands/prepare.h"
 #include "miscadmin.h"
+#include "storage/latch.h"
 #include "storage/lock.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
@@ -81,12 +93,186 @@ EndTimeBudget(void)
 		QueryCancelPending = false;
 }
 
+/* ---------- how long a task may hold its process ---------- */
+
+/* How often the step timer looks at the running task, while a batch runs. */
+#define DWARF_STEP_TICK_MS		100
+
+/* Why the step timer stopped the running task. */
+typedef enum TaskStop
+{
+	STOP_NONE,
+	STOP_PREEMPTED,				/* ran past dwarf.long_step in a worker */
+	STOP_CANCELLED,				/* its flow was cancelled */
+	STOP_TOO_LONG				/* ran past dwarf.max_step_time in a runner */
+} TaskStop;
+
+static TimeoutId StepTimeout = MAX_TIMEOUTS;	/* registered by StepTimerInit */
+
+/*
+ * The running task, as the timer's handler sees it.  TaskSince is set last
+ * when a task starts and cleared first when it ends: while it is 0, the
+ * handler does nothing.
+ */
+static volatile TimestampTz TaskSince = 0;
+static volatile int64 TaskLimitUs = 0;	/* stop it after this long; 0: never */
+static volatile sig_atomic_t TaskLimitStop = STOP_NONE; /* and why */
+static volatile int64 TaskFlow = 0;
+static volatile uint32 TaskSeen = 0;	/* the ring is read up to here */
+static volatile sig_atomic_t TaskStopped = STOP_NONE;
+static uint32 BatchSeen = 0;	/* the ring's end when the batch started */
+static bool StoppedThrow = false;	/* a stop rethrown from a shared batch */
+
+/*
+ * Has a cancel of the running task's flow come on the ring we watch (our
+ * own, or a runner's lender's) since the batch started?  Read without the
+ * ring's lock, from a signal handler: a worker's own ring does not change
+ * under it while the worker runs a batch but for new notes at its end; a
+ * lender drains its ring meanwhile, so a runner may read a note being
+ * written, which at worst misses the cancel until the next tick or sees
+ * one that is not there (the step is then run again).
+ */
+static bool
+CancelNoted(void)
+{
+	volatile DwarfWorkerSlot *slot = Worker.slot;
+	uint32		tail = slot->tail;
+	uint32		i = TaskSeen;
+
+	pg_read_barrier();
+	if (tail - i > DWARF_RING_SIZE)
+		i = tail - DWARF_RING_SIZE;
+	for (; i != tail; i++)
+	{
+		volatile DwarfNote *note = &slot->ring[i % DWARF_RING_SIZE];
+
+		if (note->kind == NOTE_CANCEL_FLOW && note->flow_id == TaskFlow)
+			return true;
+	}
+	TaskSeen = tail;
+	return false;
+}
+
+/*
+ * The step timer's handler: stops the running task, if it has run too long
+ * or its flow was cancelled, as the statement timeout does (a lock wait
+ * ends too).  A task that caught the cancel and goes on is cancelled again
+ * at the next tick.
+ */
+static void
+StepTimerHandler(void)
+{
+	if (TaskSince == 0)
+		return;
+	if (TaskStopped == STOP_NONE)
+	{
+		if (CancelNoted())
+			TaskStopped = STOP_CANCELLED;
+		else if (TaskLimitUs > 0 && GetCurrentTimestamp() - TaskSince >= TaskLimitUs)
+			TaskStopped = TaskLimitStop;
+		else
+			return;
+	}
+	InterruptPending = true;
+	QueryCancelPending = true;
+	SetLatch(MyLatch);
+}
+
+/* Registers the step timer; once, when a worker or a runner starts. */
+void
+StepTimerInit(void)
+{
+	StepTimeout = RegisterTimeout(USER_TIMEOUT, StepTimerHandler);
+}
+
+/*
+ * Starts the step timer for a batch.  seen is the end of the watched ring
+ * when the batch started: a cancel noted after it stops the running step.
+ * One setitimer at most, and often none: PostgreSQL leaves an alarm that
+ * is still due alone.
+ */
+void
+StepTimerArm(uint32 seen)
+{
+	BatchSeen = seen;
+	enable_timeout_every(StepTimeout,
+						 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), DWARF_STEP_TICK_MS),
+						 DWARF_STEP_TICK_MS);
+}
+
+/* Stops the step timer at a batch's end, or after an error. */
+void
+StepTimerDisarm(void)
+{
+	TaskSince = 0;
+	TaskStopped = STOP_NONE;
+	if (StepTimeout != MAX_TIMEOUTS)
+		disable_timeout(StepTimeout, false);
+}
+
+/*
+ * Did the step of a shared batch that rethrew its error (RunStep) stop
+ * because it was preempted or its flow cancelled, rather than fail?  Then
+ * the batch is rolled back and run again, with nothing held against its
+ * steps.  Asked once.
+ */
+bool
+StepWasStopped(void)
+{
+	bool		stopped = StoppedThrow;
+
+	StoppedThrow = false;
+	return stopped;
+}
+
+/*
+ * A task starts: what the handler watches.  In a worker whose slow steps
+ * can go to runners (preemptible), it may run for dwarf.long_step; in a
+ * runner, for dwarf.max_step_time.
+ */
+static void
+TaskBegins(FlowRun *flow, TimestampTz started, bool preemptible)
+{
+	TaskStopped = STOP_NONE;
+	TaskFlow = flow->id;
+	TaskSeen = BatchSeen;
+	if (Worker.is_runner)
+	{
+		TaskLimitUs = (int64) dwarf_max_step_time * 1000;
+		TaskLimitStop = STOP_TOO_LONG;
+	}
+	else
+	{
+		TaskLimitUs = preemptible ? (int64) dwarf_long_step * 1000 : 0;
+		TaskLimitStop = STOP_PREEMPTED;
+	}
+	TaskSince = started;
+}
+
+/*
+ * A task ended, by returning or by an error.  Returns why the timer stopped
+ * it, if it did; a cancel it raised and no one took is dropped (a task that
+ * returned after all is done, and an error is already the task's end).
+ */
+static TaskStop
+TaskEnds(void)
+{
+	TaskStop	stopped;
+
+	TaskSince = 0;
+	stopped = (TaskStop) TaskStopped;
+	TaskStopped = STOP_NONE;
+	if (stopped != STOP_NONE)
+		QueryCancelPending = false;
+	return stopped;
+}
+
 /*
  * Calls a task's function on state as the flow's owner, with the step's
  * context set for dwarf.goto and friends.  Returns the task's changes.
  */
 static Jsonb *
-CallTask(FlowRun *flow, Token *token, StepContext *ctx)
+CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, bool preemptible)
 {
 	Graph	   *graph = flow->graph;
 	GraphNode	   *node = &graph->nodes[token->node];
@@ -164,7 +350,9 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx)
 	InitFunctionCallInfoData(*fcinfo, node->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = JsonbPGetDatum(FlowTokenState(flow, token));
 	fcinfo->args[0].isnull = false;
+	TaskBegins(flow, started, preemptible);
 	result = FunctionCallInvoke(fcinfo);
+	(void) TaskEnds();			/* it returned: whatever the timer said is moot */
 
 	if (flow->time_budget_ms > 0)
 		EndTimeBudget();
@@ -304,16 +492,42 @@ EndDeferral(FlowRun *flow, int token_id, int visits)
 }
 
 /*
+ * Says in the log why the step timer stopped a task (see TaskBegins), and
+ * marks a preempted task slow, so that its steps go to runners.
+ */
+static void
+ReportStop(FlowRun *flow, int node, TaskStop stopped, TimestampTz started)
+{
+	const char *task = flow->graph->nodes[node].name;
+
+	if (stopped == STOP_PREEMPTED)
+	{
+		NoteTaskTime(&flow->graph->nodes[node], GetCurrentTimestamp() - started);
+		ereport(LOG,
+				(errmsg("dwarf: task \"%s\" of flow " INT64_FORMAT " ran past dwarf.long_step (%d ms) in a worker; its step runs again in a runner",
+						task, flow->id, dwarf_long_step),
+				 errdetail("The step was rolled back; nothing of it is kept.")));
+	}
+	else if (stopped == STOP_CANCELLED)
+		ereport(LOG,
+				(errmsg("dwarf: the running step of task \"%s\" of flow " INT64_FORMAT " was stopped: its flow was cancelled",
+						task, flow->id)));
+}
+
+/*
  * Runs one step.  Isolated, the task and the transition run in a
  * subtransaction, and an error there becomes the step's outcome; otherwise
  * an error aborts the whole batch.  With shared (other steps ran before it
  * in this transaction, or it ran alone fewer than DWARF_CONTENTION_TRIES
  * times), a lock conflict is not the task's fault: the step is given back
  * untouched (STEP_CONTENDED) to run alone.  An error of the server rather
- * than of the task puts the step off (STEP_DEFERRED), untouched too.
+ * than of the task puts the step off (STEP_DEFERRED), untouched too.  A
+ * task the step timer stopped (preempted when preemptible, or its flow
+ * cancelled) is not failed either: its step is given back (STEP_STOPPED),
+ * or, shared, the batch rolled back (StepWasStopped).
  */
 StepResult
-RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
+RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptible)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
@@ -335,7 +549,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 		BeginInternalSubTransaction(NULL);
 	PG_TRY();
 	{
-		outcome.changes = CallTask(flow, token, &ctx);
+		outcome.changes = CallTask(flow, token, &ctx, started, preemptible);
 		returned = GetCurrentTimestamp();
 		outcome.kind = ctx.interrupted ? OUTCOME_INTERRUPT :
 			ctx.waiting_child ? OUTCOME_WAITING :
@@ -366,23 +580,36 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 	PG_CATCH();
 	{
 		ErrorData  *edata;
+		TaskStop	stopped = TaskEnds();
 
 		DwarfCurrentStep = NULL;
 		if (flow->time_budget_ms > 0)
 			EndTimeBudget();
 		EndTaskSession();
+		ReportStop(flow, node, stopped, started);
 		if (!isolated)
+		{
+			StoppedThrow = stopped == STOP_PREEMPTED || stopped == STOP_CANCELLED;
 			PG_RE_THROW();
+		}
 		MemoryContextSwitchTo(cxt);
 		edata = CopyErrorData();
 		FlushErrorState();
-		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && flow->time_budget_ms > 0)
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && stopped == STOP_TOO_LONG)
+		{
+			edata->message = psprintf("task \"%s\" ran past dwarf.max_step_time (%d ms)",
+									  flow->graph->nodes[node].name, dwarf_max_step_time);
+			edata->hint = pstrdup("dwarf.max_step_time limits a step in a runner; a flow's time_budget may limit it further.");
+		}
+		else if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && flow->time_budget_ms > 0)
 			edata->message = psprintf("task \"%s\" ran past its time budget of " INT64_FORMAT " ms",
 									  flow->graph->nodes[node].name, flow->time_budget_ms);
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
-		if (shared && !advancing && IsContention(edata->sqlerrcode))
+		if (stopped == STOP_PREEMPTED || stopped == STOP_CANCELLED)
+			result = STEP_STOPPED;	/* given back untouched, below */
+		else if (shared && !advancing && IsContention(edata->sqlerrcode))
 			result = STEP_CONTENDED;	/* given back untouched, below */
 		else if (!advancing && IsServerTrouble(edata->sqlerrcode))
 		{
@@ -405,7 +632,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared)
 		}
 	}
 	PG_END_TRY();
-	if (result == STEP_CONTENDED || result == STEP_DEFERRED)
+	if (result == STEP_CONTENDED || result == STEP_DEFERRED || result == STEP_STOPPED)
 		return result;
 	EndDeferral(flow, token_id, visits);
 

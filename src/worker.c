@@ -12,8 +12,9 @@
  * committed.  dwarf.run's creates join the batch too (intake.c), so that a
  * short flow is created, run and closed in one commit.
  * A batch stops starting steps after dwarf.batch_time; slow tasks' steps go
- * to runners (lend.c); a step that met a lock conflict while sharing the
- * transaction runs again alone.
+ * to runners (lend.c), and a task that runs past dwarf.long_step here is
+ * preempted and its step lent (step.c); a step that met a lock conflict
+ * while sharing the transaction runs again alone.
  *
  * A batch first runs optimistically with no subtransactions.  If anything in
  * it fails, the transaction is rolled back, the flows it touched are
@@ -99,7 +100,7 @@ ChangedSince(uint32 *seen, int64 flow_id)
 		{
 			DwarfNote  *note = &Worker.slot->ring[*seen % DWARF_RING_SIZE];
 
-			if (note->kind == NOTE_RELOAD_FLOW)
+			if (note->kind == NOTE_RELOAD_FLOW || note->kind == NOTE_CANCEL_FLOW)
 				changed[nchanged++] = note->flow_id;
 		}
 		SpinLockRelease(&Worker.slot->mutex);
@@ -240,7 +241,8 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 	NewStepSnapshot();
 	b->task = flow->graph->nodes[token->node].name;
 	result = RunStep(flow, token, b->isolated,
-					 b->alone ? entry->contended < DWARF_CONTENTION_TRIES : b->ran > 0);
+					 b->alone ? entry->contended < DWARF_CONTENTION_TRIES : b->ran > 0,
+					 !Worker.is_runner && !entry->kept && LendingOn());
 	token = FlowFindToken(flow, entry->token_id);
 	if (result == STEP_CONTENDED)
 	{
@@ -254,10 +256,15 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 		MemoryContextSwitchTo(old);
 		return;					/* still "running": no one else queues it */
 	}
-	if (result == STEP_DEFERRED)
+	if (result == STEP_DEFERRED || result == STEP_STOPPED)
 	{
+		/*
+		 * Deferred: on the timer heap after the commit.  Stopped: queued
+		 * again, and lent (a preempted task is slow now), or its flow
+		 * reloaded, cancelled (a runner's lender reloads it).
+		 */
 		if (token)
-			token->running = false; /* on the timer heap after the commit */
+			token->running = false;
 		return;
 	}
 	b->ran++;
@@ -322,6 +329,17 @@ ReloadBatch(Batch *b)
 	}
 	list_free_deep(Alone);		/* they are reloaded too */
 	Alone = NIL;
+}
+
+/*
+ * A shared batch rolled back because the step timer stopped one of its
+ * tasks (step.c): nothing failed, so its steps run again as they were, and
+ * the stopped one is lent (or its flow found cancelled).
+ */
+static void
+BatchStopped(Batch *b)
+{
+	ReloadBatch(b);
 }
 
 static void
@@ -498,6 +516,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	b->seen = 0xFFFFFFFF;
 	BeginBatch();
 	(void) ChangedSince(&b->seen, 0);
+	StepTimerArm(b->seen);
 	b->deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
 	if (!Worker.is_runner)
 		SetRunningPriority(entries);
@@ -532,6 +551,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		foreach(lc, b->entries)
 			RunEntry(b, lfirst(lc), foreach_current_index(lc));
 		RowsEnd();
+		StepTimerDisarm();
 		if (b->discard)
 		{
 			PopActiveSnapshot();
@@ -550,6 +570,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		ErrorData  *edata;
 
 		CrashesNoteStep(0, 0);
+		StepTimerDisarm();
 		if (!Worker.is_runner)
 			ClearRunningPriority();
 		edata = AbortAfterError(Worker.batch_context);
@@ -559,7 +580,9 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 			ereport(ERROR,
 					(errcode(edata->sqlerrcode),
 					 errmsg("dwarf: a step failed outside its task: %s", edata->message)));
-		if (isolated)
+		if (StepWasStopped())
+			BatchStopped(b);
+		else if (isolated)
 			BatchFailedOutside(b, edata);
 		else
 			BatchRolledBack(b, edata);
@@ -575,7 +598,11 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 
 /*
  * Takes out of a batch, before it starts, the steps to lend to runners: a
- * slow task's step, alone of its flow in the batch (see lend.c).
+ * slow task's step, the first of its flow in the batch (see lend.c).  The
+ * flow's other steps in the batch then do not run (RunEntry): they wait
+ * for the runner.  (A slow step left in the batch with them would be
+ * preempted, given back, and left there again, for ever.)  A slow step no
+ * runner can take is kept: the worker runs it, to its end.
  */
 static List *
 LendSlowSteps(List *batch)
@@ -587,20 +614,16 @@ LendSlowSteps(List *batch)
 		ReadyEntry *entry = lfirst(lc);
 		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
-		ListCell   *other;
-		bool		alone = true;
 
 		if (token == NULL || FlowIsLent(flow->id) || !RunnerWants(flow, token))
 			continue;
-		foreach(other, batch)
-			if (lfirst(other) != entry &&
-				((ReadyEntry *) lfirst(other))->flow_id == entry->flow_id)
-				alone = false;
-		if (alone && RunnerLend(flow, token))
+		if (RunnerLend(flow, token))
 		{
 			batch = foreach_delete_current(batch, lc);
 			pfree(entry);		/* the token stays "running" until the runner is done */
 		}
+		else
+			entry->kept = true;
 	}
 	return batch;
 }
@@ -711,6 +734,7 @@ DrainNotes(List **requests)
 						NoteLoad(notes[i].flow_id, false);
 					break;
 				case NOTE_RELOAD_FLOW:
+				case NOTE_CANCEL_FLOW:
 					flow = hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL);
 					if (flow)
 						DropFlow(flow);
@@ -766,6 +790,7 @@ RecoverFromError(void)
 	HOLD_INTERRUPTS();
 	error_context_stack = NULL;
 	disable_all_timeouts(false);
+	StepTimerDisarm();
 	QueryCancelPending = false;
 	DwarfCurrentStep = NULL;
 	CrashesNoteStep(0, 0);
@@ -807,6 +832,7 @@ WorkerInit(void)
 	HASHCTL		ctl;
 
 	PinSearchPath();
+	StepTimerInit();
 	Worker.context = AllocSetContextCreate(TopMemoryContext, "dwarf worker",
 										  ALLOCSET_DEFAULT_SIZES);
 	Worker.batch_context = AllocSetContextCreate(TopMemoryContext, "dwarf batch",

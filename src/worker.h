@@ -36,6 +36,8 @@ typedef struct ReadyEntry
 	int32		weight;
 	double		vtime;
 	int			contended;		/* lock conflicts it met so far (worker.c) */
+	bool		kept;			/* a slow step no runner could take: the worker
+								 * runs it, and does not preempt it (lend.c) */
 } ReadyEntry;
 
 /* A flow to load: from a note, a run request or a table scan. */
@@ -98,7 +100,9 @@ typedef enum StepResult
 	STEP_DONE,					/* ran, and its row is recorded */
 	STEP_BROKEN,				/* an error left the flow half moved on: reload it */
 	STEP_CONTENDED,				/* met a lock conflict while sharing: run it alone */
-	STEP_DEFERRED				/* met server trouble (disk full): run it later */
+	STEP_DEFERRED,				/* met server trouble (disk full): run it later */
+	STEP_STOPPED				/* preempted, or its flow cancelled: given back
+								 * untouched */
 } StepResult;
 
 /* Backoff of a step put off by server trouble: doubling, from and up to. */
@@ -114,7 +118,12 @@ typedef enum StepResult
 #define DWARF_CONTENTION_TRIES	5
 
 extern void PinSearchPath(void);
-extern StepResult RunStep(FlowRun *flow, Token *token, bool isolated, bool shared);
+extern StepResult RunStep(FlowRun *flow, Token *token, bool isolated, bool shared,
+						  bool preemptible);
+extern void StepTimerInit(void);
+extern void StepTimerArm(uint32 seen);
+extern void StepTimerDisarm(void);
+extern bool StepWasStopped(void);
 
 /* worker.c */
 extern void WorkerInit(void);
@@ -131,6 +140,7 @@ extern List *IntakeRedo(List *requests);
 extern void IntakeAnswer(void);
 
 /* lend.c */
+extern bool LendingOn(void);
 extern bool RunnerWants(FlowRun *flow, Token *token);
 extern bool RunnerLend(FlowRun *flow, Token *token);
 extern long RunnerPoll(void);
