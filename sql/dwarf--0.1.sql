@@ -106,7 +106,8 @@ COMMENT ON COLUMN dwarf.step.wake_at IS
 COMMENT ON COLUMN dwarf.step.signal IS
 	'The payload of an interrupted step, the data a resumed step was given, or the child a waiting step waits for';
 COMMENT ON COLUMN dwarf.step.error IS
-	'The task''s error as {message, sqlstate, detail, hint, task}; NULL on success';
+	'The task''s error as {message, sqlstate, detail, hint, task}; NULL on success. '
+	'A step the engine refused on a cap also names the setting, as cap';
 
 /*
  * Privileges: anyone may read graphs; a role sees only the flows (and steps)
@@ -121,6 +122,23 @@ CREATE POLICY flow_owner ON dwarf.flow FOR SELECT
 	USING (pg_has_role(owner, 'USAGE'));
 CREATE POLICY step_owner ON dwarf.step FOR SELECT
 	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id));
+
+/*
+ * A priority below 0 runs a flow's steps before every other role's, so it is
+ * a privilege: dwarf.create and dwarf.run allow one only to superusers and
+ * to roles with the privileges of dwarf_priority (GRANT dwarf_priority TO
+ * ops).  Roles belong to the whole cluster: a database that installs dwarf
+ * after another finds the role made, and DROP EXTENSION leaves it.
+ */
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'dwarf_priority') THEN
+		CREATE ROLE dwarf_priority NOLOGIN;
+		COMMENT ON ROLE dwarf_priority IS
+			'Members may create dwarf flows with a priority below 0, ahead of every other role''s';
+	END IF;
+END
+$$;
 
 /*
  * pg_dump: the rows of these tables and where the sequences stand are the
@@ -345,12 +363,13 @@ COMMENT ON FUNCTION dwarf.run(text, jsonb, interval, int, text, text, int, inter
 	'Creates a flow (committed by the engine, independently of the caller) and awaits it';
 
 CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL)
-	RETURNS void
+	RETURNS boolean
 	LANGUAGE c
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_cancel';
 COMMENT ON FUNCTION dwarf.cancel(bigint, text) IS
-	'Cancels a running or interrupted flow; it starts no further step';
+	'Cancels a running or interrupted flow (and its subgraph flows); it starts no further step. '
+	'Returns false, changing nothing, when the flow has already closed';
 
 CREATE FUNCTION dwarf.resume(flow_id bigint, data jsonb DEFAULT 'null')
 	RETURNS void

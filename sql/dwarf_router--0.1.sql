@@ -340,7 +340,7 @@ CREATE FUNCTION dwarf_router.state_at_on(part int, flow bigint, before_step bigi
 				ELSE dwarf.state_at(flow, before_step) END AS state_at_on;
 $$;
 
-CREATE FUNCTION dwarf_router.cancel_on(part int, flow bigint, reason text) RETURNS void
+CREATE FUNCTION dwarf_router.cancel_on(part int, flow bigint, reason text) RETURNS boolean
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON part;
@@ -755,7 +755,7 @@ CREATE FUNCTION dwarf.replay_state(flow_id bigint, before_step bigint DEFAULT NU
 COMMENT ON FUNCTION dwarf.replay_state(bigint, bigint) IS
 	'A flow''s state as its worker computes it, from its shard';
 
-CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL) RETURNS void
+CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL) RETURNS boolean
 	LANGUAGE plpgsql
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -764,7 +764,7 @@ DECLARE
 	e_detail text;
 	e_hint text;
 BEGIN
-	PERFORM dwarf_router.cancel_on(part, flow_id, reason);
+	RETURN dwarf_router.cancel_on(part, flow_id, reason);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
 	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
@@ -772,7 +772,7 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 COMMENT ON FUNCTION dwarf.cancel(bigint, text) IS
-	'Cancels a running or interrupted flow on its shard';
+	'Cancels a running or interrupted flow on its shard; false when it has already closed';
 
 CREATE FUNCTION dwarf.resume(flow_id bigint, data jsonb DEFAULT 'null') RETURNS void
 	LANGUAGE plpgsql

@@ -259,6 +259,30 @@ OptionsFromArgs(FunctionCallInfo fcinfo, int first)
 	return JsonbWithKeys(JsonbEmptyObject(), n, keys, values);
 }
 
+/*
+ * Refuses a priority below 0 to a role without the privileges of role
+ * dwarf_priority (the install script makes it; superusers have them): such
+ * a flow's steps run before every other role's, so going below the default
+ * is granted, not taken.  Without that role, only superusers may.
+ */
+static void
+CheckPriority(int32 priority)
+{
+	Oid			role;
+
+	if (priority >= 0)
+		return;
+	role = get_role_oid(DWARF_PRIORITY_ROLE, true);
+	if (OidIsValid(role) ? has_privs_of_role(GetUserId(), role) : superuser())
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied to create a flow with priority %d", priority),
+			 errdetail("A priority below 0 runs a flow's steps before those of every other role."),
+			 errhint("Use a priority of 0 or more, or ask a superuser to GRANT %s TO %s.",
+					 DWARF_PRIORITY_ROLE, GetUserNameFromId(GetUserId(), false))));
+}
+
 /* Inserts a flow in the caller's transaction; its worker hears at commit. */
 static int64
 CreateFlow(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options)
@@ -290,6 +314,7 @@ dwarf_create(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 0, "graph");
 	CheckNotNull(fcinfo, 1, "input");
 	CheckNotNull(fcinfo, 2, "priority");
+	CheckPriority(PG_GETARG_INT32(2));
 	PG_RETURN_INT64(CreateFlow(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 							   PG_GETARG_INT32(2),
 							   KeyArg(fcinfo, 3, "idempotency_key"),
@@ -557,6 +582,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 1, "input");
 	CheckNotNull(fcinfo, 2, "timeout");
 	CheckNotNull(fcinfo, 3, "priority");
+	CheckPriority(PG_GETARG_INT32(3));
 	if (DwarfCurrentStep != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

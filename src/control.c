@@ -118,7 +118,11 @@ DWARF_FUNCTION(dwarf_retry);
 
 /*
  * dwarf.retry(initial, factor, max, give_up_after): asks for this step to
- * run again after min(initial * factor^(attempt-1), max).  Returns false,
+ * run again after min(initial * factor^(attempt-1), max), or after
+ * dwarf.min_retry_delay if that is longer: a task that retries without end
+ * must not write rows as fast as the worker can run it (a shorter delay is
+ * raised, not refused, as a task cannot know the server's setting; the
+ * step row's wake_at shows the delay taken).  Returns false,
  * asking for nothing, once that would end past give_up_after from the start
  * of the first attempt (NULL or zero: no limit); the task then raises.
  */
@@ -149,6 +153,7 @@ dwarf_retry(PG_FUNCTION_ARGS)
 
 	backoff = (double) initial * pow(factor, step->token->attempt - 1);
 	delay = backoff >= (double) max ? max : (int64) backoff;
+	delay = Max(delay, (int64) dwarf_min_retry_delay * 1000);
 	if (horizon > 0 &&
 		GetCurrentTimestamp() + delay - step->token->first_started > horizon)
 		PG_RETURN_BOOL(false);

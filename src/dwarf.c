@@ -182,6 +182,39 @@ _PG_init(void)
 							   0,
 							   check_archive_interval, NULL, NULL);
 
+	/*
+	 * Caps that keep one flow from taking the engine from the others.  The
+	 * workers apply them: set them in postgresql.conf or with ALTER SYSTEM
+	 * (and reload), or per database with ALTER DATABASE (read when its
+	 * workers start).  Only a superuser may change them.
+	 */
+	DefineCustomIntVariable("dwarf.max_flow_steps",
+							"Steps a flow may take; its next one fails it.",
+							"Every step counts, each attempt of a retry too, so that a task that goes to itself or retries without end cannot write rows for ever.",
+							&dwarf_max_flow_steps,
+							100000, 1, INT_MAX,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.max_for_each",
+							"Branches one step's for_each edges may start.",
+							"A step whose for_each arrays hold more elements fails, as if its task had raised: its on_error edges are taken.",
+							&dwarf_max_for_each,
+							10000, 1, INT_MAX,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.min_retry_delay",
+							"Shortest backoff dwarf.retry asks for; a shorter one is raised to it.",
+							"A task that retries without end then writes a step row at most this often.",
+							&dwarf_min_retry_delay,
+							100, 0, 3600000,
+							PGC_SUSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("dwarf");
 
 	RegisterXactCallback(DwarfXactCallback, NULL);

@@ -41,6 +41,9 @@ extern int	dwarf_step_crashes;
 extern int	dwarf_max_step_time;	/* ms a step may run in a runner; 0: no limit */
 extern char *dwarf_archive_after;
 extern char *dwarf_retention;
+extern int	dwarf_max_flow_steps;
+extern int	dwarf_max_for_each;
+extern int	dwarf_min_retry_delay;
 
 /*
  * Flow ids are (shard << DWARF_SHARD_SHIFT) | (timeline & 0xFF) <<
@@ -63,6 +66,9 @@ extern char *dwarf_retention;
 
 /* Most subtransactions a batch may open (PGPROC_MAX_CACHED_SUBXIDS is 64). */
 #define DWARF_MAX_ISOLATED_BATCH	60
+
+/* The role whose members may create flows with a priority below 0. */
+#define DWARF_PRIORITY_ROLE	"dwarf_priority"
 
 /* ---------- launcher.c, worker.c ---------- */
 

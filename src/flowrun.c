@@ -125,6 +125,7 @@ FlowRunCreate(FlowRun *flow, Graph *graph, int start, Jsonb *input, MemoryContex
 	flow->error = NULL;
 	flow->next_token = 0;
 	flow->next_due = 0;
+	flow->steps = 0;
 	flow->tokens = NIL;
 	old = MemoryContextSwitchTo(flow->cxt);
 	NewToken(flow, start, (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input)),
@@ -539,84 +540,116 @@ ErrorMessage(Jsonb *error)
 	return pstrdup("task failed");
 }
 
-/*
- * Moves a flow on after one step of token.  A success merges the task's
- * changes and takes the edges that fire; an error takes the task's
- * on_error edges with the error in field onErr, or fails the flow; a retry
- * merges the changes and leaves the token where it is, due later; an
- * interrupt parks the token until a resume hands it data.  What the step
- * placed becomes runnable at outcome->wake_at.
- */
-void
-FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
+/* Is this outcome a step refused on the cap named by setting? */
+static bool
+RefusedOn(StepOutcome *outcome, const char *setting)
 {
-	MemoryContext old = MemoryContextSwitchTo(flow->cxt);
-	Graph	   *graph = flow->graph;
-	GraphNode	   *node = &graph->nodes[token->node];
-	Jsonb	   *changes;
+	JsonbValue *cap;
+
+	if (outcome->kind != OUTCOME_ERROR || outcome->error == NULL)
+		return false;
+	cap = JsonbField(outcome->error, "cap");
+	return cap && cap->type == jbvString &&
+		cap->val.string.len == strlen(setting) &&
+		memcmp(cap->val.string.val, setting, cap->val.string.len) == 0;
+}
+
+/*
+ * Turns a step that ran into a step the engine refuses: a failed step,
+ * whose error document is a task error's (message, sqlstate, detail, hint,
+ * task) plus the setting whose cap it met.  The caller records outcome
+ * after FlowAdvance, so the step's row says it failed and why, and replay
+ * reads it as the failure it was whatever the setting is by then.  Made in
+ * cxt, the caller's context: the row is written from it.
+ */
+static void
+RefuseStep(FlowRun *flow, Token *token, StepOutcome *outcome, MemoryContext cxt,
+		   const char *setting, const char *message, const char *detail,
+		   const char *hint)
+{
+	const char *keys[6] = {"message", "sqlstate", "detail", "hint", "task", "cap"};
+	const char *vals[6];
+	JsonbValue	values[6];
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	int			i;
+
+	vals[0] = message;
+	vals[1] = unpack_sql_state(ERRCODE_PROGRAM_LIMIT_EXCEEDED);
+	vals[2] = detail;
+	vals[3] = hint;
+	vals[4] = flow->graph->nodes[token->node].name;
+	vals[5] = setting;
+	for (i = 0; i < 6; i++)
+	{
+		values[i].type = jbvString;
+		values[i].val.string.val = (char *) vals[i];
+		values[i].val.string.len = strlen(vals[i]);
+	}
+	outcome->kind = OUTCOME_ERROR;
+	outcome->changes = NULL;
+	outcome->goto_node = -1;
+	outcome->wake_at = 0;
+	outcome->signal = NULL;
+	outcome->error = JsonbWithKeys(JsonbEmptyObject(), 6, keys, values);
+	MemoryContextSwitchTo(old);
+}
+
+/* The for_each branches the firing edges would start on state. */
+static int64
+ForEachWidth(List *edges, Jsonb *state)
+{
+	int64		width = 0;
+	ListCell   *lc;
+
+	foreach(lc, edges)
+	{
+		Edge	   *edge = lfirst(lc);
+		JsonbValue *array;
+
+		if (edge->kind != EDGE_FOR_EACH)
+			continue;
+		array = JsonbField(state, edge->for_each);
+		if (array != NULL && array->type == jbvBinary &&
+			JsonContainerIsArray(array->val.binary.data))
+			width += JsonContainerSize(array->val.binary.data);
+	}
+	return width;
+}
+
+/*
+ * Merges a step's changes into its token's state and moves on: a retry
+ * stays where it is, due later; a success takes the edges that fire, an
+ * error the on_error edges it is given.  Returns 0, or, having changed
+ * nothing, how many for_each branches a success would start when that is
+ * more than dwarf.max_for_each.
+ */
+static int64
+TakeChanges(FlowRun *flow, Token *token, StepOutcome *outcome, Jsonb *changes,
+			List *edges)
+{
 	Jsonb	   *before;
 	Jsonb	   *state;
 	bool		owned;
-	List	   *edges = NIL;
-
-	if (outcome->kind == OUTCOME_INTERRUPT)
-	{
-		/* Parked until resumed; the attempt's changes are not kept. */
-		token->parked = true;
-		token->payload = outcome->signal ?
-			(Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)) : NULL;
-		MemoryContextSwitchTo(old);
-		return;
-	}
-	if (outcome->kind == OUTCOME_WAITING)
-	{
-		/* Parked until the child closes; then the task runs again. */
-		JsonbValue *child = JsonbField(outcome->signal, "child");
-
-		token->parked = true;
-		token->child = DatumGetInt64(DirectFunctionCall1(numeric_int8,
-														 NumericGetDatum(child->val.numeric)));
-		MemoryContextSwitchTo(old);
-		return;
-	}
-	if (outcome->kind == OUTCOME_RESUMED)
-	{
-		token->parked = false;
-		token->payload = NULL;
-		token->due = 0;
-		token->resumes = lappend(token->resumes,
-								 PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)));
-		MemoryContextSwitchTo(old);
-		return;
-	}
-
-	if (outcome->kind != OUTCOME_ERROR)
-		changes = outcome->changes;
-	else
-	{
-		ListCell   *lc;
-		const char *key = "onErr";
-		JsonbValue	err;
-
-		foreach(lc, node->edges)
-			if (((Edge *) lfirst(lc))->kind == EDGE_ERROR)
-				edges = lappend(edges, lfirst(lc));
-		if (edges == NIL)
-		{
-			CloseFlow(flow, FLOW_FAILED, FlowTokenState(flow, token), ErrorMessage(outcome->error));
-			MemoryContextSwitchTo(old);
-			return;
-		}
-		err.type = jbvBinary;
-		err.val.binary.data = &outcome->error->root;
-		err.val.binary.len = VARSIZE(outcome->error) - VARHDRSZ;
-		changes = JsonbWithKeys(JsonbEmptyObject(), 1, &key, &err);
-	}
 
 	changes = (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(changes));
 	before = FlowTokenState(flow, token);
 	state = Merged(flow, before, changes);
 	owned = state != before || token->own_state;	/* no changes: the same state */
+
+	if (outcome->kind == OUTCOME_OK)
+	{
+		int64		width;
+
+		edges = FiringEdges(flow, token, state, outcome->goto_node);
+		width = ForEachWidth(edges, state);
+		if (width > dwarf_max_for_each)
+		{
+			if (state != before)
+				pfree(state);
+			pfree(changes);
+			return width;
+		}
+	}
 	if (token->cohort != NULL)
 		token->deltas = lappend(token->deltas, changes);
 
@@ -626,16 +659,123 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 		SetTokenState(token, state, owned);
 		token->attempt++;
 		token->due = outcome->wake_at;
-		MemoryContextSwitchTo(old);
-		return;
+		return 0;
 	}
 
 	token->visits++;
 	token->resumes = NIL;
-	if (outcome->kind == OUTCOME_OK)
-		edges = FiringEdges(flow, token, state, outcome->goto_node);
 	flow->next_due = outcome->wake_at;
 	Fire(flow, token, edges, state, owned);
 	flow->next_due = 0;
+	return 0;
+}
+
+/*
+ * A failed step: the task's on_error edges, with the error in field onErr,
+ * or, without any, the flow fails with its message.  A step refused on
+ * dwarf.max_flow_steps fails the flow whatever edges it has: a handler
+ * would only be one more step past the cap.
+ */
+static void
+TakeError(FlowRun *flow, Token *token, StepOutcome *outcome)
+{
+	GraphNode  *node = &flow->graph->nodes[token->node];
+	List	   *edges = NIL;
+	ListCell   *lc;
+	const char *key = "onErr";
+	JsonbValue	err;
+
+	if (!RefusedOn(outcome, "dwarf.max_flow_steps"))
+		foreach(lc, node->edges)
+			if (((Edge *) lfirst(lc))->kind == EDGE_ERROR)
+				edges = lappend(edges, lfirst(lc));
+	if (edges == NIL)
+	{
+		CloseFlow(flow, FLOW_FAILED, FlowTokenState(flow, token), ErrorMessage(outcome->error));
+		return;
+	}
+	err.type = jbvBinary;
+	err.val.binary.data = &outcome->error->root;
+	err.val.binary.len = VARSIZE(outcome->error) - VARHDRSZ;
+	(void) TakeChanges(flow, token, outcome,
+					   JsonbWithKeys(JsonbEmptyObject(), 1, &key, &err), edges);
+}
+
+/*
+ * Moves a flow on after one step of token.  A success merges the task's
+ * changes and takes the edges that fire; an error takes the task's
+ * on_error edges with the error in field onErr, or fails the flow; a retry
+ * merges the changes and leaves the token where it is, due later; an
+ * interrupt parks the token until a resume hands it data.  What the step
+ * placed becomes runnable at outcome->wake_at.
+ *
+ * Two caps keep a flow from taking the engine: a flow that has taken
+ * dwarf.max_flow_steps steps (every row counts, each attempt too) fails at
+ * its next one, and a step whose for_each edges would start more than
+ * dwarf.max_for_each branches fails as if its task had raised (on_error
+ * edges are taken).  Either rewrites outcome into that failure, so the row
+ * the caller records after this call (RunStep) is the failure.
+ */
+void
+FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	MemoryContext old = MemoryContextSwitchTo(flow->cxt);
+	int64		width;
+
+	if (outcome->kind != OUTCOME_RESUMED && flow->steps >= dwarf_max_flow_steps &&
+		!RefusedOn(outcome, "dwarf.max_flow_steps"))
+		RefuseStep(flow, token, outcome, caller, "dwarf.max_flow_steps",
+				   psprintf("the flow has taken " INT64_FORMAT " steps, the most dwarf.max_flow_steps allows",
+							flow->steps),
+				   outcome->kind == OUTCOME_ERROR ?
+				   psprintf("Its last step failed too: %s", ErrorMessage(outcome->error)) :
+				   "Every step counts, each attempt of a retry too: a task that goes to itself or retries without end stops here.",
+				   "End the loop in the task, or ask a superuser to raise dwarf.max_flow_steps.");
+	flow->steps++;
+
+	switch (outcome->kind)
+	{
+		case OUTCOME_INTERRUPT:
+			/* Parked until resumed; the attempt's changes are not kept. */
+			token->parked = true;
+			token->payload = outcome->signal ?
+				(Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)) : NULL;
+			break;
+		case OUTCOME_WAITING:
+			{
+				/* Parked until the child closes; then the task runs again. */
+				JsonbValue *child = JsonbField(outcome->signal, "child");
+
+				token->parked = true;
+				token->child = DatumGetInt64(DirectFunctionCall1(numeric_int8,
+																 NumericGetDatum(child->val.numeric)));
+				break;
+			}
+		case OUTCOME_RESUMED:
+			token->parked = false;
+			token->payload = NULL;
+			token->due = 0;
+			token->resumes = lappend(token->resumes,
+									 PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)));
+			break;
+		case OUTCOME_ERROR:
+			TakeError(flow, token, outcome);
+			break;
+		case OUTCOME_OK:
+		case OUTCOME_RETRY:
+			width = TakeChanges(flow, token, outcome, outcome->changes, NIL);
+			if (width > 0)
+			{
+				RefuseStep(flow, token, outcome, caller, "dwarf.max_for_each",
+						   psprintf("task \"%s\" would start " INT64_FORMAT " for_each branches, more than dwarf.max_for_each allows (%d)",
+									flow->graph->nodes[token->node].name, width,
+									dwarf_max_for_each),
+						   "A for_each starts one branch per element of its array.",
+						   "Split the array into chunks and run each chunk as a subgraph, or ask a superuser to raise dwarf.max_for_each.");
+				TakeError(flow, token, outcome);
+			}
+			break;
+	}
 	MemoryContextSwitchTo(old);
 }

@@ -77,6 +77,7 @@ typedef struct FlowRun
 	int64		time_budget_ms; /* 0 for none */
 	bool		delete_on_completion;
 	int64		parent_id;		/* a dwarf.subgraph child's parent, or 0 */
+	int64		steps;			/* step rows so far (dwarf.max_flow_steps) */
 	FlowStatus	status;
 	Jsonb	   *final_state;
 	char	   *error;
