@@ -714,7 +714,8 @@ TakeError(FlowRun *flow, Token *token, StepOutcome *outcome)
  * its next one, and a step whose for_each edges would start more than
  * dwarf.max_for_each branches fails as if its task had raised (on_error
  * edges are taken).  Either rewrites outcome into that failure, so the row
- * the caller records after this call (RunStep) is the failure.
+ * the caller records after this call (RunStep) is the failure.  The task
+ * did return: its own SQL writes stand, its changes are dropped.
  */
 void
 FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
