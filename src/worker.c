@@ -305,8 +305,7 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 
 /*
  * After a rollback: the tables are the truth, so every flow the batch
- * touched is reloaded, and the next batch runs each step in its own
- * subtransaction.
+ * touched is reloaded (and dwarf.run's creates it held are made again).
  */
 static void
 ReloadBatch(Batch *b)
@@ -342,6 +341,10 @@ BatchStopped(Batch *b)
 	ReloadBatch(b);
 }
 
+/*
+ * A shared batch rolled back because a step failed: the next batch runs
+ * each step in its own subtransaction, so that only that step fails.
+ */
 static void
 BatchRolledBack(Batch *b, ErrorData *edata)
 {
