@@ -13,6 +13,7 @@
 #include "catalog/pg_type.h"
 #include "common/int.h"
 #include "executor/spi.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/numeric.h"
@@ -71,17 +72,23 @@ DWARF_FUNCTION(dwarf_step_key);
 static char *
 IncarnationTag(void)
 {
-	MemoryContext outer = CurrentMemoryContext;
-	char	   *tag = NULL;
+	static LocalTransactionId read_in = InvalidLocalTransactionId;
+	static char tag[64];		/* "" for none */
 
-	SPI_connect();
-	if (SPI_execute("SELECT tag FROM dwarf.incarnation", true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "dwarf: could not read dwarf.incarnation");
-	if (SPI_processed == 1)
-		tag = MemoryContextStrdup(outer, SPI_getvalue(SPI_tuptable->vals[0],
-													  SPI_tuptable->tupdesc, 1));
-	SPI_finish();
-	return tag;
+	/* Read once a transaction: a batch's steps share what it read. */
+	if (read_in != MyProc->lxid)
+	{
+		tag[0] = '\0';
+		SPI_connect();
+		if (SPI_execute("SELECT tag FROM dwarf.incarnation", true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "dwarf: could not read dwarf.incarnation");
+		if (SPI_processed == 1)
+			strlcpy(tag, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1),
+					sizeof(tag));
+		SPI_finish();
+		read_in = MyProc->lxid;
+	}
+	return tag[0] ? tag : NULL;
 }
 
 /*
