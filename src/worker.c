@@ -331,17 +331,6 @@ ReloadBatch(Batch *b)
 }
 
 /*
- * A shared batch rolled back because the step timer stopped one of its
- * tasks (step.c): nothing failed, so its steps run again as they were, and
- * the stopped one is lent (or its flow found cancelled).
- */
-static void
-BatchStopped(Batch *b)
-{
-	ReloadBatch(b);
-}
-
-/*
  * A shared batch rolled back because a step failed: the next batch runs
  * each step in its own subtransaction, so that only that step fails.
  */
@@ -584,7 +573,9 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 					(errcode(edata->sqlerrcode),
 					 errmsg("dwarf: a step failed outside its task: %s", edata->message)));
 		if (StepWasStopped())
-			BatchStopped(b);
+			ReloadBatch(b);		/* a task was stopped (step.c), nothing failed: its
+								 * steps run again as they were, the stopped one
+								 * lent or its flow found cancelled */
 		else if (isolated)
 			BatchFailedOutside(b, edata);
 		else
