@@ -43,6 +43,7 @@ typedef struct Token
 	Cohort	   *cohort;			/* NULL at the top level */
 	int			branch;			/* index within the cohort */
 	bool		queued;			/* in the worker's ready queue */
+	struct ReadyEntry *timer;	/* its entry while on the timer heap (queue.c) */
 	bool		running;		/* in the batch being run */
 	bool		parked;			/* waiting for dwarf.resume, or for child */
 	int64		child;			/* the child flow it waits for, or 0 */

@@ -7,7 +7,10 @@
  * Within a priority, steps are served by virtual time per fairness key, so
  * keys share the worker in proportion to their weights; then first come,
  * first served.  Steps due later (sleep, retry backoff) wait on a timer
- * heap, earliest first, and cost nothing until they come due.
+ * heap, earliest first, and cost nothing until they come due.  A flow that
+ * sleeps for long is not kept in memory at all (store.c evicts it): only
+ * its id and the time to load it again wait, on a compact heap of their
+ * own (sixteen bytes a flow).
  */
 #include "postgres.h"
 
@@ -28,8 +31,21 @@ typedef struct FairKey
 } FairKey;
 
 
+/* An evicted flow, to load again at due. */
+typedef struct Sleeper
+{
+	int64		flow_id;
+	TimestampTz due;
+} Sleeper;
+
+/* Sleepers' heap starts at, and never shrinks below, this many entries. */
+#define SLEEPERS_MIN	1024
+
 static pairingheap *Ready = NULL;
 static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
+static Sleeper *Sleepers = NULL;	/* a binary heap, earliest due first */
+static int	NSleepers = 0;
+static int	SleepersSize = 0;
 static HTAB *FairKeys = NULL;
 static double VirtualTime = 0;	/* vtime of the last entry run */
 static uint64 ReadySeq = 0;
@@ -119,32 +135,169 @@ EnqueueRunnable(FlowRun *flow)
 		entry = NewReadyEntry(flow, token);
 		token->queued = true;
 		if (token->due > now)
+		{
 			pairingheap_add(Timers, &entry->ph);
+			token->timer = entry;
+		}
 		else
 			MakeReady(entry);
 	}
 }
 
 /*
+ * Takes a flow's tokens off the timer heap (their entries are freed), so
+ * that the flow can leave memory: nothing of it is left on a queue.
+ */
+void
+UnqueueTimers(FlowRun *flow)
+{
+	ListCell   *lc;
+
+	foreach(lc, flow->tokens)
+	{
+		Token	   *token = lfirst(lc);
+
+		if (token->timer == NULL)
+			continue;
+		pairingheap_remove(Timers, &token->timer->ph);
+		pfree(token->timer);
+		token->timer = NULL;
+		token->queued = false;
+	}
+}
+
+/*
  * Moves the timers that came due to the ready queue.  Returns how many
- * milliseconds until the next one, or -1 when none is waiting.
+ * milliseconds until the next one, or until the next sleeper is due
+ * (TakeDueSleeper), or -1 when none is waiting.
  */
 long
 MoveDueTimers(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	long		next = -1;
 
 	while (!pairingheap_is_empty(Timers))
 	{
 		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
 												  pairingheap_first(Timers));
+		FlowRun    *flow;
+		Token	   *token;
 
 		if (entry->due > now)
-			return TimestampDifferenceMilliseconds(now, entry->due) + 1;
+		{
+			next = TimestampDifferenceMilliseconds(now, entry->due) + 1;
+			break;
+		}
 		(void) pairingheap_remove_first(Timers);
+		/* its token (if its flow was not reloaded since) is off the heap now */
+		flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
+		token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+		if (token && token->timer == entry)
+			token->timer = NULL;
 		MakeReady(entry);
 	}
-	return -1;
+	if (NSleepers > 0)
+	{
+		long		ms = Sleepers[0].due > now ?
+			TimestampDifferenceMilliseconds(now, Sleepers[0].due) + 1 : 0;
+
+		next = next < 0 ? ms : Min(next, ms);
+	}
+	return next;
+}
+
+/* Swaps two sleepers of the heap. */
+static inline void
+SwapSleepers(int a, int b)
+{
+	Sleeper		tmp = Sleepers[a];
+
+	Sleepers[a] = Sleepers[b];
+	Sleepers[b] = tmp;
+}
+
+/*
+ * Remembers an evicted flow, to be loaded again at due.  The same flow may
+ * be remembered twice (evicted, loaded by a note, evicted again): loading
+ * a flow that is in memory, or that has closed, does nothing.
+ */
+void
+SleeperAdd(int64 flow_id, TimestampTz due)
+{
+	int			i;
+
+	if (NSleepers == SleepersSize)
+	{
+		SleepersSize = Max(SleepersSize * 2, SLEEPERS_MIN);
+		Sleepers = Sleepers == NULL ?
+			MemoryContextAlloc(Worker.context, sizeof(Sleeper) * SleepersSize) :
+			repalloc(Sleepers, sizeof(Sleeper) * SleepersSize);
+	}
+	i = NSleepers++;
+	Sleepers[i].flow_id = flow_id;
+	Sleepers[i].due = due;
+	while (i > 0 && Sleepers[(i - 1) / 2].due > Sleepers[i].due)
+	{
+		SwapSleepers(i, (i - 1) / 2);
+		i = (i - 1) / 2;
+	}
+}
+
+/*
+ * Takes the next sleeper that is due, into *flow_id.  Returns false when
+ * none is.  The heap's memory shrinks as it empties.
+ */
+bool
+TakeDueSleeper(int64 *flow_id)
+{
+	int			i = 0;
+
+	if (NSleepers == 0 || Sleepers[0].due > GetCurrentTimestamp())
+		return false;
+	*flow_id = Sleepers[0].flow_id;
+	Sleepers[0] = Sleepers[--NSleepers];
+	for (;;)
+	{
+		int			least = i;
+		int			l = 2 * i + 1;
+
+		if (l < NSleepers && Sleepers[l].due < Sleepers[least].due)
+			least = l;
+		if (l + 1 < NSleepers && Sleepers[l + 1].due < Sleepers[least].due)
+			least = l + 1;
+		if (least == i)
+			break;
+		SwapSleepers(i, least);
+		i = least;
+	}
+	if (SleepersSize > SLEEPERS_MIN && NSleepers < SleepersSize / 4)
+	{
+		SleepersSize /= 2;
+		Sleepers = repalloc(Sleepers, sizeof(Sleeper) * SleepersSize);
+	}
+	return true;
+}
+
+/*
+ * Forgets every sleeper, and the heap's memory: a scan of the tables is
+ * about to find them all again (LoadFlows).
+ */
+void
+SleepersForget(void)
+{
+	if (Sleepers != NULL)
+		pfree(Sleepers);
+	Sleepers = NULL;
+	NSleepers = 0;
+	SleepersSize = 0;
+}
+
+/* How many evicted flows wait to be loaded again. */
+int
+SleepersCount(void)
+{
+	return NSleepers;
 }
 
 /* The priority of the best ready step, or PG_INT32_MAX when none is ready. */

@@ -7,6 +7,14 @@
  * The tables are the truth.  A worker loads a flow from its row and, after
  * a restart or a rolled-back batch, replays its recorded steps over its
  * input to rebuild it in memory exactly as it was.
+ *
+ * So a flow need not stay in memory while it has nothing to run for a
+ * while: one that sleeps past DWARF_EVICT_AFTER_MS, is interrupted, or
+ * waits for child flows is evicted (QueueOrEvict), and loaded again from
+ * its rows when it is due (a sleeper, queue.c) or when a note says it
+ * changed (a resume, a child that closed, a cancel).  A worker that
+ * starts does not load every flow it owns either: a scan reads when each
+ * can next run, from its last steps, and loads only those due soon.
  */
 #include "postgres.h"
 
@@ -54,6 +62,43 @@ static SPIPlanPtr CloseFlowPlan = NULL;
 
 /* Up to this many flows to load are read one by one (see PreparePlans). */
 #define LOAD_ONE_BY_ONE 16
+
+/*
+ * A flow with nothing to run sooner than this is evicted from memory; it is
+ * loaded again DWARF_WAKE_AHEAD_MS before it is due, so that its timer
+ * fires on time.
+ */
+#define DWARF_EVICT_AFTER_MS	5000
+#define DWARF_WAKE_AHEAD_MS		1000
+
+/*
+ * The flows of ours that run or are interrupted, with the earliest time one
+ * of their tokens can run, from the last step of each token: the wake time
+ * of a sleep or a retry; never ('infinity') for a token parked by an
+ * interrupt, or by a dwarf.subgraph call whose child is still open (a
+ * resume, or the child's close, sends a note); else now ('-infinity'), as
+ * for a flow with no step yet or with dwarf.resume's data to take.  This
+ * is a lower bound: a flow loaded at that time that has nothing to run is
+ * evicted again, with its exact time.
+ */
+#define SCAN_FLOWS_SQL \
+	"SELECT f.id, CASE WHEN f.resume_data IS NOT NULL THEN '-infinity'::timestamptz" \
+	" ELSE coalesce((SELECT min(CASE" \
+	"   WHEN s.status = 'interrupted' THEN 'infinity'::timestamptz" \
+	"   WHEN s.status = 'waiting' AND EXISTS (SELECT 1 FROM dwarf.flow c" \
+	"     WHERE c.id = (s.signal->>'child')::bigint AND c.status IN ('running', 'interrupted'))" \
+	"     THEN 'infinity'" \
+	"   ELSE coalesce(s.wake_at, '-infinity') END)" \
+	"  FROM (SELECT DISTINCT ON (token) status, wake_at, signal FROM dwarf.step" \
+	"   WHERE flow_id = f.id ORDER BY token, step_id DESC) s), '-infinity') END" \
+	" FROM dwarf.flow f WHERE f.status IN ('running', 'interrupted')" \
+	" AND ((f.id & 281474976710655) % $1) = $2"
+
+/* Rows of SCAN_FLOWS_SQL read at a time. */
+#define SCAN_FETCH		10000
+
+/* The most flows Worker.flows held since it was last made (see ShrinkFlowTable). */
+static long FlowsPeak = 0;
 static SPIPlanPtr LoadFlowsPlan = NULL;
 static SPIPlanPtr LoadFlowPlan = NULL;
 static SPIPlanPtr ScanFlowsPlan = NULL;
@@ -93,10 +138,7 @@ PreparePlans(void)
 	 */
 	LoadFlowPlan = PrepareKept(LOAD_FLOWS_SQL("id = $1"), 1, int8_type);
 	LoadFlowsPlan = PrepareKeptReplanned(LOAD_FLOWS_SQL("id = ANY($1)"), 1, ids_type, true);
-	ScanFlowsPlan = PrepareKept(
-		"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')"
-		" AND ((id & 281474976710655) % $1) = $2",
-		2, scan_types);
+	ScanFlowsPlan = PrepareKept(SCAN_FLOWS_SQL, 2, scan_types);
 	LoadStepsPlan = PrepareKept(STEP_ROWS_SQL " ORDER BY step_id", 1, int8_type);
 	LoadGraphPlan = PrepareKept(
 		"SELECT definition FROM dwarf.graph WHERE id = $1",
@@ -454,6 +496,7 @@ AddFlow(const FlowRow *row, bool replay)
 	flow = hash_search(Worker.flows, &id, HASH_ENTER, &found);
 	if (found)
 		return flow;
+	FlowsPeak = Max(FlowsPeak, hash_get_num_entries(Worker.flows));
 	FlowRunCreate(flow, graph, GraphStartNode(graph, row->start_task), row->input, Worker.context);
 	flow->owner = row->owner;
 	flow->priority = row->priority;
@@ -548,7 +591,139 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 	}
 }
 
-/* Loads the flows listed in Worker.to_load (and all of ours after a full scan). */
+/*
+ * Finds every running or interrupted flow of ours that is not in memory:
+ * those that can run soon are listed to load, those that sleep longer are
+ * remembered with the time to load them (queue.c), and those that wait for
+ * a resume or a child are left to the note that will come.  The rows are
+ * read through a cursor, a batch at a time, so that the scan's memory does
+ * not grow with the number of flows.
+ */
+static void
+ScanFlows(void)
+{
+	Datum		args[2] = {Int32GetDatum(dwarf_workers), Int32GetDatum(Worker.slot->index)};
+	TimestampTz soon = GetCurrentTimestamp() + (TimestampTz) DWARF_EVICT_AFTER_MS * 1000;
+	Portal		portal;
+
+	SleepersForget();			/* the scan finds them all again */
+	portal = SPI_cursor_open(NULL, ScanFlowsPlan, args, NULL, true);
+	for (;;)
+	{
+		uint64		i;
+
+		SPI_cursor_fetch(portal, true, SCAN_FETCH);
+		if (SPI_processed == 0)
+			break;
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+			TimestampTz wake = DatumGetTimestampTz(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
+
+			if (hash_search(Worker.flows, &id, HASH_FIND, NULL) != NULL ||
+				TIMESTAMP_IS_NOEND(wake))
+				continue;
+			if (wake <= soon)
+				NoteLoad(id, true);
+			else
+				SleeperAdd(id, wake - (TimestampTz) DWARF_WAKE_AHEAD_MS * 1000);
+		}
+		SPI_freetuptable(SPI_tuptable);
+	}
+	SPI_cursor_close(portal);
+}
+
+/*
+ * Has this flow nothing to run for a while?  Then *wake is when it has
+ * (0: never by itself; a note will say).  Each live token must be parked
+ * (an interrupt, a child flow) or due past DWARF_EVICT_AFTER_MS, and none
+ * on the ready queue, in a batch, or at a runner.
+ */
+static bool
+FlowSleeps(FlowRun *flow, TimestampTz *wake)
+{
+	TimestampTz later = GetCurrentTimestamp() + (TimestampTz) DWARF_EVICT_AFTER_MS * 1000;
+	ListCell   *lc;
+
+	*wake = 0;
+	if (Worker.is_runner || flow->status != FLOW_RUNNING || flow->tokens == NIL ||
+		FlowIsLent(flow->id))
+		return false;
+	foreach(lc, flow->tokens)
+	{
+		Token	   *token = lfirst(lc);
+
+		if (token->running || (token->queued && token->timer == NULL))
+			return false;
+		if (token->parked)
+			continue;
+		if (token->due <= later)
+			return false;
+		if (*wake == 0 || token->due < *wake)
+			*wake = token->due;
+	}
+	return true;
+}
+
+/*
+ * Queues a running flow's runnable tokens (EnqueueRunnable) or, when it
+ * has nothing to run for a while (FlowSleeps), evicts it from memory: a
+ * sleeper is remembered by its id and the time to load it again, a flow
+ * parked on an interrupt or a child flow not at all (dwarf.resume, and a
+ * child's close, send a note that loads it).
+ */
+void
+QueueOrEvict(FlowRun *flow)
+{
+	TimestampTz wake;
+
+	if (!FlowSleeps(flow, &wake))
+	{
+		EnqueueRunnable(flow);
+		return;
+	}
+	UnqueueTimers(flow);
+	if (wake != 0)
+		SleeperAdd(flow->id, wake - (TimestampTz) DWARF_WAKE_AHEAD_MS * 1000);
+	DropFlow(flow);
+}
+
+/*
+ * Makes Worker.flows anew when it holds far fewer flows than it once did: a
+ * hash table keeps the buckets and entries it grew to (a burst of a
+ * million flows would hold their space for good).  Only between batches,
+ * when no one holds a pointer to a flow: the flows move to the new table.
+ */
+void
+ShrinkFlowTable(void)
+{
+	long		count = hash_get_num_entries(Worker.flows);
+	HTAB	   *flows;
+	HASHCTL		ctl;
+	HASH_SEQ_STATUS seq;
+	FlowRun    *flow;
+
+	if (FlowsPeak < 8 * DWARF_LOAD_CHUNK || count > FlowsPeak / 8)
+		return;
+	ctl.keysize = sizeof(int64);
+	ctl.entrysize = sizeof(FlowRun);
+	ctl.hcxt = Worker.context;
+	flows = hash_create("dwarf flows", Max(count, 1024), &ctl,
+						HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	hash_seq_init(&seq, Worker.flows);
+	while ((flow = hash_seq_search(&seq)) != NULL)
+		memcpy(hash_search(flows, &flow->id, HASH_ENTER, NULL), flow, sizeof(FlowRun));
+	hash_destroy(Worker.flows);
+	Worker.flows = flows;
+	FlowsPeak = count;
+}
+
+/*
+ * Loads the flows listed in Worker.to_load, up to DWARF_LOAD_CHUNK of them (after
+ * a full scan, those of ours that can run soon, see ScanFlows).
+ */
 void
 LoadFlows(void)
 {
@@ -571,26 +746,30 @@ LoadFlows(void)
 
 	if (Worker.full_scan)
 	{
-		Datum		args[2] = {Int32GetDatum(dwarf_workers), Int32GetDatum(Worker.slot->index)};
-		uint64		i;
-
 		Worker.full_scan = false;
-		if (SPI_execute_plan(ScanFlowsPlan, args, NULL, true, 0) != SPI_OK_SELECT)
-			elog(ERROR, "dwarf: could not scan dwarf.flow");
-		for (i = 0; i < SPI_processed; i++)
-		{
-			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-														 SPI_tuptable->tupdesc, 1, &isnull));
-
-			if (hash_search(Worker.flows, &id, HASH_FIND, NULL) == NULL)
-				NoteLoad(id, true);
-		}
+		ScanFlows();
 	}
 
-	/* Taken only now: the scan above adds to Worker.to_load (in Worker.context). */
-	items = Worker.to_load;
-	Worker.to_load = NIL;
+	/*
+	 * Taken only now: the scan above adds to Worker.to_load (in
+	 * Worker.context).  A chunk at a time, so that a worker with many flows
+	 * to load (after a restart, a bulk create) holds only a chunk more
+	 * than it runs: the sleepers among them leave memory again as soon as
+	 * they are loaded.
+	 */
+	if (list_length(Worker.to_load) <= DWARF_LOAD_CHUNK)
+	{
+		items = Worker.to_load;
+		Worker.to_load = NIL;
+	}
+	else
+	{
+		MemoryContext old = MemoryContextSwitchTo(Worker.context);
+
+		items = list_copy_head(Worker.to_load, DWARF_LOAD_CHUNK);
+		Worker.to_load = list_delete_first_n(Worker.to_load, DWARF_LOAD_CHUNK);
+		MemoryContextSwitchTo(old);
+	}
 
 	ids = palloc(sizeof(Datum) * Max(list_length(items), 1));
 	foreach(lc, items)
@@ -646,7 +825,7 @@ LoadFlows(void)
 		FlowRun    *flow = hash_search(Worker.flows, &item->flow_id, HASH_FIND, NULL);
 
 		if (flow)
-			EnqueueRunnable(flow);
+			QueueOrEvict(flow);
 	}
 	list_free_deep(items);
 }

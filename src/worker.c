@@ -479,7 +479,7 @@ BatchCommitted(Batch *b)
 			DropFlow(flow);
 		}
 		else
-			EnqueueRunnable(flow);
+			QueueOrEvict(flow);	/* evicted when it sleeps or waits */
 	}
 	foreach(lc, b->broken)
 		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
@@ -880,6 +880,7 @@ DwarfWorkerMain(Datum arg)
 		long		next_timer;
 		long		runner_timer;
 		TimestampTz now;
+		int64		sleeper;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -907,7 +908,12 @@ DwarfWorkerMain(Datum arg)
 			IntakeApart(requests);
 			requests = NIL;
 		}
-		if (Worker.to_load != NIL || Worker.full_scan)
+		while (list_length(Worker.to_load) < DWARF_LOAD_CHUNK && TakeDueSleeper(&sleeper))
+			NoteLoad(sleeper, true);
+		/* more flows only once the ready queue is short: memory follows work */
+		if (Worker.full_scan ||
+			(Worker.to_load != NIL &&
+			 (Worker.ready_count < DWARF_LOAD_CHUNK || !QueueHasRunnable())))
 			LoadFlows();
 		MemoryContextSwitchTo(Worker.batch_context);	/* whatever a commit above left */
 		(void) MoveDueTimers();
@@ -939,6 +945,7 @@ DwarfWorkerMain(Datum arg)
 		 */
 		pgstat_report_stat(true);
 		QueuePruneFairKeys();
+		ShrinkFlowTable();
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_EXIT_ON_PM_DEATH |
 						 (next_timer >= 0 ? WL_TIMEOUT : 0),

@@ -40,6 +40,12 @@ typedef struct ReadyEntry
 								 * runs it, and does not preempt it (lend.c) */
 } ReadyEntry;
 
+/*
+ * At most this many flows are loaded at a time (LoadFlows), and the next
+ * ones only once fewer steps than that are ready (worker.c).
+ */
+#define DWARF_LOAD_CHUNK	1000
+
 /* A flow to load: from a note, a run request or a table scan. */
 typedef struct LoadItem
 {
@@ -160,6 +166,11 @@ extern void QueuePruneFairKeys(void);
 extern void EnqueueRunnable(FlowRun *flow);
 extern ReadyEntry *NewReadyEntry(FlowRun *flow, Token *token);
 extern long MoveDueTimers(void);
+extern void UnqueueTimers(FlowRun *flow);
+extern void SleeperAdd(int64 flow_id, TimestampTz due);
+extern bool TakeDueSleeper(int64 *flow_id);
+extern void SleepersForget(void);
+extern int	SleepersCount(void);
 extern List *PopBatch(int max);
 extern void PublishPriority(void);
 extern int32 BestReadyPriority(void);
@@ -174,6 +185,8 @@ extern bool QueueHasReady(void);
 extern void StoreInit(void);
 extern void PreparePlans(void);
 extern void LoadFlows(void);
+extern void QueueOrEvict(FlowRun *flow);
+extern void ShrinkFlowTable(void);
 extern ErrorData *AbortAfterError(MemoryContext cxt);
 extern void FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row);
 extern FlowRun *TakeInFlow(const FlowRow *row);
