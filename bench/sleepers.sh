@@ -3,7 +3,8 @@
 # starts its own server, creates N flows whose first task sleeps an hour,
 # waits until every one has taken that step, and reports each worker's
 # memory (VmRSS, and RssAnon: its private memory, without the shared buffers
-# it touched); then stops the server (fast), starts it again and reports the
+# it touched; and the total of its memory contexts, from
+# pg_log_backend_memory_contexts); then stops the server (fast), starts it again and reports the
 # same once the workers are idle.
 #   bench/sleepers.sh BINDIR [flows] [dir]
 #   e.g. bench/sleepers.sh /opt/pg-sleepers/usr/lib/postgresql/15/bin 1000000
@@ -26,6 +27,7 @@ port = 5491
 shared_preload_libraries = 'dwarf'
 dwarf.workers = 2
 max_wal_size = 4GB
+log_line_prefix = '[%p] '
 CONF
 PSQL=("${AS[@]}" "$BIN/psql" -h "$DIR" -p 5491 -X -q -At -v ON_ERROR_STOP=1 postgres)
 start() { "${AS[@]}" "$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w start >/dev/null; }
@@ -48,7 +50,10 @@ report() {
 	for p in $("${PSQL[@]}" -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'dwarf worker'"); do
 		rss=$(awk '/^VmRSS:/ {print int($2 / 1024)}' /proc/$p/status)
 		anon=$(awk '/^RssAnon:/ {print int($2 / 1024)}' /proc/$p/status)
-		echo "  worker $p: VmRSS $rss MB, RssAnon $anon MB"
+		"${PSQL[@]}" -c "SELECT pg_log_backend_memory_contexts($p)" >/dev/null
+		sleep 1
+		echo "  worker $p: VmRSS $rss MB, RssAnon $anon MB;" \
+			"memory contexts: $(grep "\[$p\].*Grand total" "$DIR/log" | tail -1 | sed 's/.*Grand total: //')"
 		trss=$((trss + rss)); tanon=$((tanon + anon))
 	done
 	echo "$what: workers' VmRSS $trss MB, RssAnon $tanon MB in all"

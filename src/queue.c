@@ -280,8 +280,8 @@ TakeDueSleeper(int64 *flow_id)
 }
 
 /*
- * Forgets every sleeper, and the heap's memory: a scan of the tables is
- * about to find them all again (LoadFlows).
+ * Forgets every sleeper, and the heap's memory: the worker drops all it
+ * holds and scans the tables again (LoadFlows).
  */
 void
 SleepersForget(void)
@@ -293,11 +293,17 @@ SleepersForget(void)
 	SleepersSize = 0;
 }
 
-/* How many evicted flows wait to be loaded again. */
-int
-SleepersCount(void)
+/* The ids of the evicted flows that wait, in a new array (*n of them). */
+int64 *
+SleeperIds(int *n)
 {
-	return NSleepers;
+	int64	   *ids = palloc(sizeof(int64) * Max(NSleepers, 1));
+	int			i;
+
+	for (i = 0; i < NSleepers; i++)
+		ids[i] = Sleepers[i].flow_id;
+	*n = NSleepers;
+	return ids;
 }
 
 /* The priority of the best ready step, or PG_INT32_MAX when none is ready. */

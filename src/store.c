@@ -71,17 +71,21 @@ static SPIPlanPtr CloseFlowPlan = NULL;
 #define DWARF_EVICT_AFTER_MS	5000
 #define DWARF_WAKE_AHEAD_MS		1000
 
+/* The flows of ours that run or are interrupted: a full scan's first pass. */
+#define SCAN_IDS_SQL \
+	"SELECT id FROM dwarf.flow WHERE status IN ('running', 'interrupted')" \
+	" AND ((id & 281474976710655) % $1) = $2"
+
 /*
- * The flows of ours that run or are interrupted, with the earliest time one
- * of their tokens can run, from the last step of each token: the wake time
- * of a sleep or a retry; never ('infinity') for a token parked by an
- * interrupt, or by a dwarf.subgraph call whose child is still open (a
- * resume, or the child's close, sends a note); else now ('-infinity'), as
- * for a flow with no step yet or with dwarf.resume's data to take.  This
- * is a lower bound: a flow loaded at that time that has nothing to run is
- * evicted again, with its exact time.
+ * The earliest time one of the tokens of the flows listed can run, from
+ * the last step of each token: the wake time of a sleep or a retry; never
+ * ('infinity') for a token parked by an interrupt, or by a dwarf.subgraph
+ * call whose child is still open (a resume, or the child's close, sends a
+ * note); else now ('-infinity'), as for a flow with no step yet or with
+ * dwarf.resume's data to take.  This is a lower bound: a flow loaded at
+ * that time that has nothing to run is evicted again, with its exact time.
  */
-#define SCAN_FLOWS_SQL \
+#define WAKE_TIMES_SQL \
 	"SELECT f.id, CASE WHEN f.resume_data IS NOT NULL THEN '-infinity'::timestamptz" \
 	" ELSE coalesce((SELECT min(CASE" \
 	"   WHEN s.status = 'interrupted' THEN 'infinity'::timestamptz" \
@@ -91,10 +95,9 @@ static SPIPlanPtr CloseFlowPlan = NULL;
 	"   ELSE coalesce(s.wake_at, '-infinity') END)" \
 	"  FROM (SELECT DISTINCT ON (token) status, wake_at, signal FROM dwarf.step" \
 	"   WHERE flow_id = f.id ORDER BY token, step_id DESC) s), '-infinity') END" \
-	" FROM dwarf.flow f WHERE f.status IN ('running', 'interrupted')" \
-	" AND ((f.id & 281474976710655) % $1) = $2"
+	" FROM dwarf.flow f WHERE f.id = ANY($1) AND f.status IN ('running', 'interrupted')"
 
-/* Rows of SCAN_FLOWS_SQL read at a time. */
+/* Rows of SCAN_IDS_SQL read at a time, and flows WAKE_TIMES_SQL reads at once. */
 #define SCAN_FETCH		10000
 
 /* The most flows Worker.flows held since it was last made (see ShrinkFlowTable). */
@@ -102,6 +105,7 @@ static long FlowsPeak = 0;
 static SPIPlanPtr LoadFlowsPlan = NULL;
 static SPIPlanPtr LoadFlowPlan = NULL;
 static SPIPlanPtr ScanFlowsPlan = NULL;
+static SPIPlanPtr WakeTimesPlan = NULL;
 static SPIPlanPtr LoadStepsPlan = NULL;
 static SPIPlanPtr LoadGraphPlan = NULL;
 static SPIPlanPtr ParkFlowPlan = NULL;
@@ -138,7 +142,8 @@ PreparePlans(void)
 	 */
 	LoadFlowPlan = PrepareKept(LOAD_FLOWS_SQL("id = $1"), 1, int8_type);
 	LoadFlowsPlan = PrepareKeptReplanned(LOAD_FLOWS_SQL("id = ANY($1)"), 1, ids_type, true);
-	ScanFlowsPlan = PrepareKept(SCAN_FLOWS_SQL, 2, scan_types);
+	ScanFlowsPlan = PrepareKept(SCAN_IDS_SQL, 2, scan_types);
+	WakeTimesPlan = PrepareKeptReplanned(WAKE_TIMES_SQL, 1, ids_type, true);
 	LoadStepsPlan = PrepareKept(STEP_ROWS_SQL " ORDER BY step_id", 1, int8_type);
 	LoadGraphPlan = PrepareKept(
 		"SELECT definition FROM dwarf.graph WHERE id = $1",
@@ -592,47 +597,101 @@ TakeLoadedRows(bool any_replay, MemoryContext outer, int64 *failed, int *nfailed
 }
 
 /*
- * Finds every running or interrupted flow of ours that is not in memory:
+ * Reads when each of the n flows listed can next run (WAKE_TIMES_SQL):
  * those that can run soon are listed to load, those that sleep longer are
  * remembered with the time to load them (queue.c), and those that wait for
- * a resume or a child are left to the note that will come.  The rows are
- * read through a cursor, a batch at a time, so that the scan's memory does
- * not grow with the number of flows.
+ * a resume or a child are left to the note that will come.
+ */
+static void
+SortOutFlows(Datum *ids, int n)
+{
+	TimestampTz soon = GetCurrentTimestamp() + (TimestampTz) DWARF_EVICT_AFTER_MS * 1000;
+	Datum		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	uint64		i;
+
+	if (SPI_execute_plan(WakeTimesPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read when flows wake");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		TimestampTz wake = DatumGetTimestampTz(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
+
+		if (TIMESTAMP_IS_NOEND(wake))
+			continue;
+		if (wake <= soon)
+			NoteLoad(id, true);
+		else
+			SleeperAdd(id, wake - (TimestampTz) DWARF_WAKE_AHEAD_MS * 1000);
+	}
+	SPI_freetuptable(SPI_tuptable);
+	pfree(DatumGetPointer(arg));
+}
+
+/* Orders flow ids, for bsearch. */
+static int
+CompareIds(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+/*
+ * Finds the running or interrupted flows of ours that are neither in
+ * memory nor remembered as sleepers (a worker that starts, or recovers,
+ * remembers none; after a note ring's overflow, those are the flows whose
+ * notes it may have missed), and sorts them out (SortOutFlows).  The ids
+ * are read through a cursor, a batch at a time, so that the scan's memory
+ * does not grow with the number of flows.
  */
 static void
 ScanFlows(void)
 {
 	Datum		args[2] = {Int32GetDatum(dwarf_workers), Int32GetDatum(Worker.slot->index)};
-	TimestampTz soon = GetCurrentTimestamp() + (TimestampTz) DWARF_EVICT_AFTER_MS * 1000;
+	int			nknown;
+	int64	   *known = SleeperIds(&nknown);
+	Datum	   *ids = palloc(sizeof(Datum) * SCAN_FETCH);
+	int			n = 0;
 	Portal		portal;
 
-	SleepersForget();			/* the scan finds them all again */
+	qsort(known, nknown, sizeof(int64), CompareIds);
 	portal = SPI_cursor_open(NULL, ScanFlowsPlan, args, NULL, true);
 	for (;;)
 	{
+		SPITupleTable *tuptable;
+		uint64		count;
 		uint64		i;
 
 		SPI_cursor_fetch(portal, true, SCAN_FETCH);
-		if (SPI_processed == 0)
-			break;
-		for (i = 0; i < SPI_processed; i++)
+		tuptable = SPI_tuptable;
+		count = SPI_processed;
+		for (i = 0; i < count; i++)
 		{
-			HeapTuple	tup = SPI_tuptable->vals[i];
 			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
-			TimestampTz wake = DatumGetTimestampTz(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
+			int64		id = DatumGetInt64(SPI_getbinval(tuptable->vals[i], tuptable->tupdesc, 1, &isnull));
 
 			if (hash_search(Worker.flows, &id, HASH_FIND, NULL) != NULL ||
-				TIMESTAMP_IS_NOEND(wake))
+				(nknown > 0 && bsearch(&id, known, nknown, sizeof(int64), CompareIds)))
 				continue;
-			if (wake <= soon)
-				NoteLoad(id, true);
-			else
-				SleeperAdd(id, wake - (TimestampTz) DWARF_WAKE_AHEAD_MS * 1000);
+			ids[n++] = Int64GetDatum(id);
+			if (n == SCAN_FETCH)
+			{
+				SortOutFlows(ids, n);
+				n = 0;
+			}
 		}
-		SPI_freetuptable(SPI_tuptable);
+		SPI_freetuptable(tuptable);
+		if (count == 0)
+			break;
 	}
 	SPI_cursor_close(portal);
+	if (n > 0)
+		SortOutFlows(ids, n);
+	pfree(ids);
+	pfree(known);
 }
 
 /*

@@ -801,6 +801,7 @@ RecoverFromError(void)
 		DropFlow(flow);
 	list_free_deep(Worker.to_load);
 	Worker.to_load = NIL;
+	SleepersForget();			/* the scan finds them again */
 	Worker.full_scan = true;
 	BackOff(edata);
 	RESUME_INTERRUPTS();

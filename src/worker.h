@@ -170,7 +170,7 @@ extern void UnqueueTimers(FlowRun *flow);
 extern void SleeperAdd(int64 flow_id, TimestampTz due);
 extern bool TakeDueSleeper(int64 *flow_id);
 extern void SleepersForget(void);
-extern int	SleepersCount(void);
+extern int64 *SleeperIds(int *n);
 extern List *PopBatch(int max);
 extern void PublishPriority(void);
 extern int32 BestReadyPriority(void);
