@@ -102,6 +102,7 @@ static SPIPlanPtr CloseFlowPlan = NULL;
 
 /* The most flows Worker.flows held since it was last made (see ShrinkFlowTable). */
 static long FlowsPeak = 0;
+
 static SPIPlanPtr LoadFlowsPlan = NULL;
 static SPIPlanPtr LoadFlowPlan = NULL;
 static SPIPlanPtr ScanFlowsPlan = NULL;
