@@ -264,6 +264,7 @@ StartChildFlow(FlowRun *flow, const char *graph, char *key, Jsonb *input)
 				 errmsg("subgraph \"%s\" would nest flows more than %d deep", graph,
 						DWARF_MAX_DEPTH),
 				 errhint("A task that starts a subgraph of its own graph needs a condition that ends the recursion.")));
+	/* The name means what it means to the flow's owner, not to its graph's definer. */
 	graph_id = ResolveGraph(cstring_to_text(graph), flow->owner, false);
 	values[0].type = jbvNumeric;
 	values[0].val.numeric = int64_to_numeric(flow->id);
