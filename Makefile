@@ -18,6 +18,7 @@ OBJS = \
 	src/queue.o \
 	src/store.o \
 	src/graph.o \
+	src/names.o \
 	src/flowrun.o \
 	src/merge.o \
 	src/api.o \

@@ -12,11 +12,14 @@ CREATE TABLE dwarf.graph (
 	version		int NOT NULL,
 	definition	jsonb NOT NULL,
 	created_at	timestamptz NOT NULL DEFAULT now(),
-	created_by	regrole NOT NULL DEFAULT current_user::regrole,
-	UNIQUE (name, version)
+	owner		regrole NOT NULL DEFAULT current_user::regrole,
+	UNIQUE (name, owner, version)
 );
 COMMENT ON TABLE dwarf.graph IS
 	'Workflow definitions; one row per version, written by dwarf.define()';
+COMMENT ON COLUMN dwarf.graph.owner IS
+	'The role that defined the graph: a graph name is its owner''s, and a role''s calls find its own graphs first, '
+	'then those of the roles it belongs to; another role''s graph is named as role.name';
 
 CREATE SEQUENCE dwarf.flow_seq;
 COMMENT ON SEQUENCE dwarf.flow_seq IS
@@ -318,8 +321,9 @@ CREATE FUNCTION dwarf.define(name text, definition jsonb) RETURNS int
 	LANGUAGE c STRICT
 	AS 'MODULE_PATHNAME', 'dwarf_define';
 COMMENT ON FUNCTION dwarf.define(text, jsonb) IS
-	'Stores a new version of a graph and returns it; running flows keep the version they started with. '
-	'A graph name belongs to the role that defined it first';
+	'Stores a new version of the calling role''s graph of that name and returns it; running flows keep the version '
+	'they started with. Names that look like others (invisible characters, mixed Latin, Greek and Cyrillic letters) '
+	'are refused; names are stored in NFC';
 
 CREATE FUNCTION dwarf.create(graph text, input jsonb DEFAULT '{}',
 							 priority int DEFAULT 0,
@@ -335,7 +339,8 @@ CREATE FUNCTION dwarf.create(graph text, input jsonb DEFAULT '{}',
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_create';
 COMMENT ON FUNCTION dwarf.create(text, jsonb, int, text, text, int, interval, boolean, jsonb, text) IS
-	'Creates a flow of the latest version of a graph; it starts when the calling transaction commits';
+	'Creates a flow of the latest version of a graph (the caller''s own of that name, else one of a role it '
+	'belongs to, else role.name''s); it starts when the calling transaction commits';
 
 CREATE FUNCTION dwarf.await(flow_id bigint, timeout interval DEFAULT '30 s')
 	RETURNS dwarf.outcome
@@ -412,7 +417,8 @@ CREATE FUNCTION dwarf.subgraph(graph text, input jsonb DEFAULT '{}') RETURNS jso
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', 'dwarf_subgraph';
 COMMENT ON FUNCTION dwarf.subgraph(text, jsonb) IS
-	'Inside a task: NULL the first time, and a child flow starts; when it completes the task runs again '
+	'Inside a task: NULL the first time, and a child flow starts (of the graph that name means to the flow''s '
+	'owner, as for dwarf.create); when it completes the task runs again '
 	'and the same call returns the child''s final state (a failed child raises an error)';
 
 CREATE FUNCTION dwarf.step_key() RETURNS text
@@ -542,7 +548,7 @@ CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 	AS $$
 	SELECT f.id, g.name, g.version, f.status, f.thread, f.error, f.created_at, f.finished_at
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
-	 WHERE (list.graph IS NULL OR g.name = list.graph)
+	 WHERE (list.graph IS NULL OR g.name = list.graph OR g.owner::text || '.' || g.name = list.graph)
 	   AND (list.status IS NULL OR f.status = list.status)
 	   AND (list.since IS NULL OR f.created_at >= list.since)
 	   AND (list.until IS NULL OR f.created_at < list.until)
@@ -553,7 +559,8 @@ CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 	 LIMIT list."limit"
 $$;
 COMMENT ON FUNCTION dwarf.list(text, text, timestamptz, timestamptz, text, text, bigint, int) IS
-	'The caller''s flows, newest first, filtered; pass the last flow_id seen as "before" for the next page';
+	'The caller''s flows, newest first, filtered (graph: a name, any owner''s, or role.name); '
+	'pass the last flow_id seen as "before" for the next page';
 
 CREATE FUNCTION dwarf.history_mermaid(flow_id bigint) RETURNS text
 	LANGUAGE plpgsql STABLE STRICT

@@ -404,39 +404,43 @@ CREATE FUNCTION dwarf_router.define_on(part int, graph_name text, definition jso
 	SELECT dwarf.define(graph_name, definition) AS define_on;
 $$;
 
-/* Where a graph stands on one shard: its latest version (NULL: none), and that version's definition. */
+/*
+ * Where the current role's graph of that name stands on one shard (a graph
+ * name is its owner's, and dwarf.define defines the caller's own): its
+ * latest version (NULL: none), and that version's definition.
+ */
 CREATE FUNCTION dwarf_router.graph_on(part int, graph_name text)
-	RETURNS TABLE (shard int, version int, definition jsonb, owner text)
+	RETURNS TABLE (shard int, version int, definition jsonb)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON part;
 	SELECT pg_catalog.current_setting('dwarf.shard_id', true)::int AS shard,
-		   g.version, g.definition, g.owner
+		   g.version, g.definition
 	  FROM (SELECT 1) one
-	  LEFT JOIN LATERAL (SELECT x.version, x.definition,
-								(SELECT pg_catalog.pg_get_userbyid(f.created_by::oid)::text FROM dwarf.graph f
-								  WHERE f.name = x.name ORDER BY f.version LIMIT 1) AS owner
+	  LEFT JOIN LATERAL (SELECT x.version, x.definition
 						   FROM dwarf.graph x
-						  WHERE x.name = graph_name
+						  WHERE x.name = graph_name AND x.owner = current_user::regrole
 						  ORDER BY x.version DESC LIMIT 1) g ON true;
 $$;
 
-/* The versions of a graph on one shard from version "since" on, oldest first. */
+/* The versions of the current role's graph on one shard from version "since" on, oldest first. */
 CREATE FUNCTION dwarf_router.graph_versions_on(part int, graph_name text, since int)
 	RETURNS TABLE (version int, definition jsonb)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON part;
 	SELECT x.version, x.definition FROM dwarf.graph x
-	 WHERE x.name = graph_name AND x.version >= since
+	 WHERE x.name = graph_name AND x.owner = current_user::regrole
+	   AND x.version >= since
 	 ORDER BY x.version;
 $$;
 
-CREATE FUNCTION dwarf_router.graph_names_on_all() RETURNS SETOF text
+/* Every graph of every shard: its owner's name and its own. */
+CREATE FUNCTION dwarf_router.graph_names_on_all() RETURNS TABLE (owner text, name text)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON ALL;
-	SELECT DISTINCT x.name AS graph_names_on_all FROM dwarf.graph x;
+	SELECT DISTINCT pg_catalog.pg_get_userbyid(x.owner::oid)::text AS owner, x.name FROM dwarf.graph x;
 $$;
 
 CREATE FUNCTION dwarf_router.list_on_all(graph_name text, flow_status text, since timestamptz,
@@ -933,11 +937,12 @@ COMMENT ON FUNCTION dwarf.validate(jsonb) IS
 	'Checks a graph definition on every shard and returns it normalized; an error names the shard that refused it';
 
 /*
- * Brings every shard to the latest version of a graph that any shard has,
- * copying the missing versions (as the current role) from the first shard
- * that has it.  Returns that version (0: no shard has the graph) and its
- * definition; raises an error naming the shard when one holds a version
- * that differs from the same version elsewhere, or is unreachable.
+ * Brings every shard to the latest version of the current role's graph of
+ * that name that any shard has, copying the missing versions (as the
+ * current role) from the first shard that has it.  Returns that version
+ * (0: no shard has the graph) and its definition; raises an error naming
+ * the shard when one holds a version that differs from the same version
+ * elsewhere, or is unreachable.
  */
 CREATE FUNCTION dwarf_router.level_graph(graph_name text, OUT version int, OUT definition jsonb,
 										 OUT copied int)
@@ -1299,29 +1304,21 @@ COMMENT ON FUNCTION dwarf_router.shards() IS
 
 /*
  * Brings every shard to the same versions of every graph that any shard has:
- * run it after adding a shard.  Each graph is copied as its owner (the role
- * that defined it first), so that its owner may go on defining it; the
- * caller must be able to SET ROLE to each owner (a superuser can).
+ * run it after adding a shard.  Each graph is copied as its owner (a graph
+ * name is its owner's, and dwarf.define defines the caller's own), so that
+ * it stays that role's; the caller must be able to SET ROLE to each owner
+ * (a superuser can).
  */
 CREATE FUNCTION dwarf_router.sync_graphs()
-	RETURNS TABLE (graph text, version int, copied int)
+	RETURNS TABLE (owner text, graph text, version int, copied int)
 	LANGUAGE plpgsql
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
 	caller text := current_user;
-	owner text;
 	level record;
 BEGIN
-	FOR graph IN SELECT DISTINCT n FROM dwarf_router.graph_names_on_all() n ORDER BY 1 LOOP
-		SELECT g.owner INTO owner FROM dwarf_router.graph_on(0, graph) g;
-		IF owner IS NULL THEN
-			/* Not on shard 0: ask the shards one by one for the graph's owner. */
-			FOR p IN 1 .. dwarf_router.partitions() - 1 LOOP
-				SELECT g.owner INTO owner FROM dwarf_router.graph_on(p, graph) g;
-				EXIT WHEN owner IS NOT NULL;
-			END LOOP;
-		END IF;
+	FOR owner, graph IN SELECT DISTINCT n.owner, n.name FROM dwarf_router.graph_names_on_all() n ORDER BY 1, 2 LOOP
 		PERFORM set_config('role', owner, true);
 		level := dwarf_router.level_graph(graph);
 		PERFORM set_config('role', caller, true);
@@ -1332,7 +1329,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dwarf_router.sync_graphs() IS
-	'Copies to every shard the graph versions it lacks (after adding a shard); one row per graph';
+	'Copies to every shard the graph versions it lacks (after adding a shard); one row per owner and graph';
 
 /*
  * Who may call what.  The API runs as its caller, and PL/Proxy connects to

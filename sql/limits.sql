@@ -109,9 +109,10 @@ CREATE FUNCTION public.lim_noop(s jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT
 SELECT dwarf.define('lim_nap', '{"tasks": {"Nap": "public.lim_nap_short", "After": "public.lim_noop"},
   "transitions": [{"from": "Nap", "to": "After"}]}');
 GRANT USAGE ON SCHEMA dwarf TO PUBLIC;
+SELECT pg_catalog.quote_ident(current_user) || '.lim_nap' AS lim_nap \gset
 CREATE ROLE dwarf_lim_gone;
 SET ROLE dwarf_lim_gone;
-SELECT dwarf.create('lim_nap', '{}') AS gone_id \gset
+SELECT dwarf.create(:'lim_nap', '{}') AS gone_id \gset
 RESET ROLE;
 DROP ROLE dwarf_lim_gone;
 SELECT status, error LIKE 'the role that created flow % was dropped' AS says_why

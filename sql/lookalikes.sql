@@ -509,10 +509,11 @@ RESET ROLE;
 -- they must find pg_catalog's functions, not mallory's.
 SELECT dwarf.define('la_plain', '{"tasks": {"P1": "la.plain", "P2": "la.plain"},
   "transitions": [{"chain": ["P1", "P2", "END"]}]}') AS plain_v1;
+SELECT pg_catalog.quote_ident(current_user) || '.la_plain' AS la_plain \gset
 SET ROLE regress_dwarf_victim;
 BEGIN;
 CREATE TEMP TABLE plain_ids AS
-	SELECT dwarf.create('la_plain', '{"n": 1}') AS id FROM generate_series(1, 4);
+	SELECT dwarf.create(:'la_plain', '{"n": 1}') AS id FROM generate_series(1, 4);
 COMMIT;
 SELECT o.status, o.state, count(*) FROM plain_ids i, LATERAL dwarf.await(i.id, '30 s') o GROUP BY 1, 2;
 DROP TABLE plain_ids;
@@ -563,13 +564,17 @@ SET search_path = mal, public, pg_catalog;
 SELECT la.try('SELECT b.secret(''{}'')') AS direct;
 SELECT la.try($$SELECT dwarf.validate('{"tasks": {"S": "b.secret"}}')$$) AS validate;
 SELECT la.try($$SELECT dwarf.define('la_mal_secret', '{"tasks": {"S": "b.secret"}}')$$) AS define;
--- not a new version of victim's graph
+-- not a new version of victim's graph: her define of that name makes a
+-- graph of her own, and victim's is untouched
 SELECT la.try($$SELECT dwarf.define('la_vic_secret', '{"tasks": {"S": "t_kid"}}')$$) AS define_victims;
--- not through a run of victim's graph (anyone may run it, as themselves)
-SELECT status, error FROM dwarf.run('la_vic_secret', '{"go": true}');
+SELECT owner, version, definition -> 'tasks' ->> 'S' AS s FROM dwarf.graph
+ WHERE name = 'la_vic_secret' ORDER BY owner::text, version;
+-- not through a run of victim's graph (anyone may run it, named as
+-- role.name, as themselves)
+SELECT status, error FROM dwarf.run('regress_dwarf_victim.la_vic_secret', '{"go": true}');
 BEGIN;
 CREATE TEMP TABLE secret_ids AS
-	SELECT dwarf.create('la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
+	SELECT dwarf.create('regress_dwarf_victim.la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
 COMMIT;
 SELECT o.status, o.error, count(*) FROM secret_ids i, LATERAL dwarf.await(i.id, '30 s') o GROUP BY 1, 2;
 -- not by forking her failed step S, nor by continuing her failed flow
@@ -592,7 +597,7 @@ SELECT count(*) AS sees_victims FROM dwarf.snapshot(:vic_id);
 -- nor from inside a task of hers
 CREATE FUNCTION mal.t_sub(s jsonb) RETURNS jsonb LANGUAGE plpgsql
 	SET search_path = mal, public, pg_catalog AS $$
-DECLARE r jsonb := dwarf.subgraph('la_vic_secret', '{"go": true}');
+DECLARE r jsonb := dwarf.subgraph('regress_dwarf_victim.la_vic_secret', '{"go": true}');
 BEGIN
 	IF r IS NULL THEN
 		RETURN NULL;
@@ -636,7 +641,7 @@ RESET ROLE;
 SET ROLE regress_dwarf_mallory;
 BEGIN;
 CREATE TEMP TABLE again_ids AS
-	SELECT dwarf.create('la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
+	SELECT dwarf.create('regress_dwarf_victim.la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
 COMMIT;
 SELECT o.status, o.error, count(*) FROM again_ids i, LATERAL dwarf.await(i.id, '30 s') o GROUP BY 1, 2;
 DROP TABLE again_ids;
@@ -649,7 +654,7 @@ RESET ROLE;
 SET ROLE regress_dwarf_mallory;
 BEGIN;
 CREATE TEMP TABLE granted_ids AS
-	SELECT dwarf.create('la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
+	SELECT dwarf.create('regress_dwarf_victim.la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
 COMMIT;
 SELECT o.status, o.state -> 'secret' AS secret, count(*) FROM granted_ids i, LATERAL dwarf.await(i.id, '30 s') o GROUP BY 1, 2;
 DROP TABLE granted_ids;
@@ -660,7 +665,7 @@ RESET ROLE;
 SET ROLE regress_dwarf_mallory;
 BEGIN;
 CREATE TEMP TABLE revoked_ids AS
-	SELECT dwarf.create('la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
+	SELECT dwarf.create('regress_dwarf_victim.la_vic_secret', '{"go": true}') AS id FROM generate_series(1, 2);
 COMMIT;
 SELECT o.status, o.error, count(*) FROM revoked_ids i, LATERAL dwarf.await(i.id, '30 s') o GROUP BY 1, 2;
 DROP TABLE revoked_ids;

@@ -1,7 +1,7 @@
 --
 -- privileges: a flow runs its tasks as the role that created it; a role
 -- cannot make a task do what it could not do itself; a role sees and
--- controls only its own flows and graphs.
+-- controls only its own flows and graphs; a graph name is its owner's.
 --
 \set VERBOSITY terse
 CREATE ROLE regress_dwarf_alice NOLOGIN;
@@ -60,8 +60,11 @@ SELECT dwarf.define('pv_bob_secret', '{"tasks": {"S": "pv.write_secret"}}');
 SELECT status, error FROM dwarf.run('pv_bob_secret', '{}');
 RESET ROLE;
 SELECT count(*) AS secret_rows FROM pv.secret;
--- the superuser's own flow of the same graph may write it
-SELECT status, error FROM dwarf.run('pv_bob_secret', '{}');
+-- the superuser's own flow of the same graph may write it; it is bob's
+-- graph, so the superuser names it as bob's (bob's names never stand in
+-- for its own)
+SELECT pv.try($$SELECT dwarf.run('pv_bob_secret', '{}')$$) AS bare_name;
+SELECT status, error FROM dwarf.run('regress_dwarf_bob.pv_bob_secret', '{}');
 SELECT v FROM pv.secret;
 TRUNCATE pv.secret;
 
@@ -71,17 +74,19 @@ SELECT dwarf.define('pv_bob_private', '{"tasks": {"P": "pv.private"}}');
 SELECT status, error FROM dwarf.run('pv_bob_private', '{}');
 RESET ROLE;
 SET ROLE regress_dwarf_alice;
-SELECT status, error, state FROM dwarf.run('pv_bob_private', '{}');
+SELECT status, error, state FROM dwarf.run('regress_dwarf_bob.pv_bob_private', '{}');
 RESET ROLE;
 
--- Anyone may run anyone's graph, but the tasks run as the caller.
+-- Anyone may run anyone's graph, named as role.name, but the tasks run as
+-- the caller.
 SET ROLE regress_dwarf_bob;
 SELECT status, state->'current_user' AS current_user
-  FROM dwarf.run('pv_alice_graph', '{"tag": "bob runs alice''s graph"}');
+  FROM dwarf.run('regress_dwarf_alice.pv_alice_graph', '{"tag": "bob runs alice''s graph"}');
 RESET ROLE;
 SELECT who, tag FROM pv.who ORDER BY tag;
 
--- bob cannot define a new version of alice's graph; alice can
+-- bob cannot define a new version of alice's graph: his define of that
+-- name makes a graph of his own; alice's define adds a version to hers
 SET ROLE regress_dwarf_bob;
 SELECT dwarf.define('pv_alice_graph', '{"tasks": {"S": "pv.write_secret"}}');
 RESET ROLE;
@@ -89,7 +94,8 @@ SET ROLE regress_dwarf_alice;
 SELECT dwarf.define('pv_alice_graph', '{"tasks": {"W": "pv.whoami", "Slow": "pv.slow"},
   "transitions": [{"from": "W", "to": "Slow"}]}');
 RESET ROLE;
-SELECT name, version, created_by FROM dwarf.graph WHERE name LIKE 'pv\_%' ORDER BY name, version;
+SELECT name, owner, version, definition->'tasks' AS tasks FROM dwarf.graph WHERE name LIKE 'pv\_%'
+ ORDER BY name, owner::text, version;
 
 -- bob cannot see or control alice's flows
 SET ROLE regress_dwarf_alice;

@@ -106,7 +106,7 @@ SELECT count(*) AS secret_calls FROM iso_secret.calls;
 DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM dwarf.flow
   WHERE owner IN ('dwarf_iso_a'::regrole, 'dwarf_iso_b'::regrole));
 DELETE FROM dwarf.flow WHERE owner IN ('dwarf_iso_a'::regrole, 'dwarf_iso_b'::regrole);
-DELETE FROM dwarf.graph WHERE created_by IN ('dwarf_iso_a'::regrole, 'dwarf_iso_b'::regrole);
+DELETE FROM dwarf.graph WHERE owner IN ('dwarf_iso_a'::regrole, 'dwarf_iso_b'::regrole);
 DROP SCHEMA iso_a, iso_b, iso_secret CASCADE;
 REVOKE USAGE ON SCHEMA dwarf FROM dwarf_iso_a, dwarf_iso_b;
 DROP ROLE dwarf_iso_a, dwarf_iso_b;

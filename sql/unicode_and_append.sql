@@ -219,8 +219,8 @@ SELECT s, octet_length(s) AS bytes, length(s) AS chars,
   FROM unnest(ARRAY['Café', 'Grüße', '日本語', 'שלום', 'مرحبا', '🚀', '👩‍💻']) s;
 
 -- A graph name is 1 to 63 bytes of printable text: control characters and
--- spaces at either end are refused.  (Control characters and non-ASCII
--- spaces are shown here as <U+XXXX>.)
+-- spaces at either end are refused (graph_names tests look-alikes).
+-- (Control characters and non-ASCII spaces are shown here as <U+XXXX>.)
 CREATE FUNCTION ua.visible(t text) RETURNS text LANGUAGE sql AS $$
 	SELECT coalesce(string_agg(CASE WHEN ascii(c) < 32 OR ascii(c) BETWEEN 127 AND 159
 									  OR ascii(c) IN (160, 8232, 8233, 12288)

@@ -19,7 +19,6 @@
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "funcapi.h"
-#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/proc.h"
@@ -42,6 +41,7 @@
 #include "json.h"
 #include "flows.h"
 #include "request.h"
+#include "names.h"
 
 /* ---------- define ---------- */
 
@@ -57,61 +57,18 @@ dwarf_validate(PG_FUNCTION_ARGS)
 	PG_RETURN_JSONB_P(GraphNormalized(graph, definition));
 }
 
-/* Is this character a control character, or a space at either end? */
-static bool
-BadNameChar(pg_wchar c, bool at_end)
-{
-	if (c < 0x20 || (c >= 0x7F && c <= 0x9F) || c == 0x2028 || c == 0x2029)
-		return true;
-	return at_end && (c == ' ' || c == 0xA0 || c == 0x1680 ||
-					  (c >= 0x2000 && c <= 0x200B) || c == 0x202F ||
-					  c == 0x205F || c == 0x3000 || c == 0xFEFF);
-}
-
-/*
- * A graph name is any printable text, as a PostgreSQL identifier may be:
- * 1 to 63 bytes, no control characters, no space at either end.
- */
-static void
-CheckGraphName(const char *name)
-{
-	int			len = strlen(name);
-	const char *p;
-
-	if (len == 0 || len >= NAMEDATALEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_NAME),
-				 errmsg("invalid graph name \"%s\": it has %d bytes", name, len),
-				 errhint("A graph name has 1 to %d bytes of printable characters, without spaces at either end.",
-						 NAMEDATALEN - 1)));
-	for (p = name; *p; p += pg_mblen(p))
-	{
-		pg_wchar	c = GetDatabaseEncoding() == PG_UTF8 ?
-			utf8_to_unicode((const unsigned char *) p) : (unsigned char) *p;
-
-		if (BadNameChar(c, p == name || p + pg_mblen(p) == name + len))
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_NAME),
-					 errmsg("invalid graph name \"%s\": it has a control character or a space at one end",
-							name),
-					 errhint("A graph name has 1 to %d bytes of printable characters, without spaces at either end.",
-							 NAMEDATALEN - 1)));
-	}
-}
-
 DWARF_FUNCTION(dwarf_define);
 
 /*
  * dwarf.define(name, definition): checks the definition and stores it as
- * the graph's next version.  Only the role that defined a graph first (or
- * a member of it) may add versions: a new version decides what runs in
- * that role's flows.
+ * the next version of the caller's own graph of that name (names.c: a
+ * name is its owner's, so another role's graph of the same name is
+ * another graph, and a role's versions decide only what its own name runs).
  */
 Datum
 dwarf_define(PG_FUNCTION_ARGS)
 {
-	text	   *name = PG_GETARG_TEXT_PP(0);
-	char	   *cname = text_to_cstring(name);
+	text	   *name;
 	Jsonb	   *normalized;
 	Oid			types[3] = {TEXTOID, JSONBOID, OIDOID};
 	Datum		args[3];
@@ -121,15 +78,12 @@ dwarf_define(PG_FUNCTION_ARGS)
 
 	CheckNotStandby("dwarf.define");
 
-	CheckGraphName(cname);
+	name = GraphNameChecked(PG_GETARG_TEXT_PP(0));
 
 	normalized = GraphNormalized(GraphParse(PG_GETARG_JSONB_P(1), CurrentMemoryContext, true),
 								 PG_GETARG_JSONB_P(1));
 
-	/*
-	 * The lock on the name comes before the owner check, so that two first
-	 * definitions of one name cannot both pass it.
-	 */
+	/* The lock on the name keeps two defines from taking one version number. */
 	Connect();
 	saved = BecomeOwner();
 	args[0] = PointerGetDatum(name);
@@ -138,23 +92,9 @@ dwarf_define(PG_FUNCTION_ARGS)
 	Exec("SELECT pg_catalog.pg_advisory_xact_lock('dwarf.graph'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,"
 		 " pg_catalog.hashtext($1))",
 		 1, types, args, NULL, SPI_OK_SELECT);
-	Exec("SELECT created_by::oid FROM dwarf.graph WHERE name = $1 ORDER BY version LIMIT 1",
-		 1, types, args, NULL, SPI_OK_SELECT);
-	if (SPI_processed > 0)
-	{
-		Oid			first = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
-														   SPI_tuptable->tupdesc, 1, &isnull));
-
-		if (!has_privs_of_role(saved.user, first))
-			ereport(ERROR,
-					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-					 errmsg("graph \"%s\" belongs to role %s", cname,
-							GetUserNameFromId(first, true)),
-					 errhint("Only members of that role may define new versions of it.")));
-	}
-	Exec("INSERT INTO dwarf.graph (name, version, definition, created_by)"
+	Exec("INSERT INTO dwarf.graph (name, version, definition, owner)"
 		 " SELECT $1, coalesce(max(version), 0) + 1, $2, $3::regrole"
-		 " FROM dwarf.graph WHERE name = $1 RETURNING version",
+		 " FROM dwarf.graph WHERE name = $1 AND owner = $3::regrole RETURNING version",
 		 3, types, args, NULL, SPI_OK_INSERT_RETURNING);
 	version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	RestoreUser(saved);
@@ -293,7 +233,7 @@ CreateFlow(text *graph, Jsonb *input, int32 priority, text *key, Jsonb *options)
 
 	CheckInput(input);
 	Connect();
-	graph_id = LatestGraph(graph, false);
+	graph_id = ResolveGraph(graph, GetUserId(), false);
 	id = InsertFlow(NewFlowId(), graph_id, GetUserId(), priority, key, input, options, &is_new);
 	if (is_new)
 		NoteOnCommit(id, NOTE_NEW_FLOW, false);
@@ -552,7 +492,7 @@ CreateThroughWorker(text *graph, Jsonb *input, int32 priority, text *key, Jsonb 
 	int32		graph_id;
 
 	CheckInput(input);
-	graph_id = LatestGraph(graph, true);
+	graph_id = ResolveGraph(graph, GetUserId(), true);
 	return RequestCreate(NewFlowId(), graph_id, priority, key, input, options, deadline,
 						 outcome);
 }

@@ -25,6 +25,7 @@
 #include "flowrun.h"
 #include "json.h"
 #include "flows.h"
+#include "names.h"
 
 /* The step being run by this process, or NULL outside a task. */
 StepContext *DwarfCurrentStep = NULL;
@@ -263,7 +264,8 @@ StartChildFlow(FlowRun *flow, const char *graph, char *key, Jsonb *input)
 				 errmsg("subgraph \"%s\" would nest flows more than %d deep", graph,
 						DWARF_MAX_DEPTH),
 				 errhint("A task that starts a subgraph of its own graph needs a condition that ends the recursion.")));
-	graph_id = LatestGraph(cstring_to_text(graph), false);
+	/* The name means what it means to the flow's owner, not to its graph's definer. */
+	graph_id = ResolveGraph(cstring_to_text(graph), flow->owner, false);
 	values[0].type = jbvNumeric;
 	values[0].val.numeric = int64_to_numeric(flow->id);
 	values[1].type = jbvString;

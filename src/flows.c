@@ -258,61 +258,6 @@ Connect(void)
 		elog(ERROR, "dwarf: SPI_connect failed");
 }
 
-/*
- * The id of a graph's latest version (visible to the active snapshot).
- * With committed, a version defined in this very transaction is an error:
- * a worker, which cannot see it, is to run the flow.  Read by index
- * directly, not by a statement: dwarf.run looks a graph up on every call,
- * and graph rows, readable by everyone, never change.
- */
-#define Anum_graph_id 1			/* dwarf.graph's first column */
-
-int32
-LatestGraph(text *name, bool committed)
-{
-	Oid			nsp = get_namespace_oid("dwarf", false);
-	Relation	rel = table_open(get_relname_relid("graph", nsp), AccessShareLock);
-	Relation	index = index_open(get_relname_relid("graph_name_version_key", nsp),
-								   AccessShareLock);
-	ScanKeyData key;
-	IndexScanDesc scan;
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	bool		found;
-	int32		id = 0;
-	TransactionId xmin = InvalidTransactionId;
-
-	ScanKeyEntryInitialize(&key, 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[0], F_TEXTEQ, PointerGetDatum(name));
-	scan = index_beginscan(rel, index, GetActiveSnapshot(), 1, 0);
-	index_rescan(scan, &key, 1, NULL, 0);
-	found = index_getnext_slot(scan, BackwardScanDirection, slot);	/* highest version */
-	if (found)
-	{
-		bool		isnull;
-
-		id = DatumGetInt32(slot_getattr(slot, Anum_graph_id, &isnull));
-		xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber,
-													 &isnull));
-	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, AccessShareLock);
-	table_close(rel, AccessShareLock);
-
-	if (!found)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("graph \"%s\" does not exist", text_to_cstring(name)),
-				 errhint("Define it with dwarf.define().")));
-	if (committed && TransactionIdIsCurrentTransactionId(xmin))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("graph \"%s\" was defined in this transaction", text_to_cstring(name)),
-				 errdetail("dwarf.run commits its flow on its own, where this version is not visible yet."),
-				 errhint("Commit the definition first, or use dwarf.create() and commit.")));
-	return id;
-}
-
 void
 CheckInput(Jsonb *input)
 {

@@ -49,7 +49,6 @@ extern void ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, D
 
 /* ---------- graphs and flows ---------- */
 
-extern int32 LatestGraph(text *name, bool committed);
 extern int64 NewFlowId(void);
 extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 						text *key, Jsonb *input, Jsonb *options, bool *is_new);

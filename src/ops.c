@@ -39,6 +39,7 @@
 #include "flowrun.h"
 #include "json.h"
 #include "flows.h"
+#include "names.h"
 
 /*
  * The status of a flow the caller may see (row-level security shows a role
@@ -333,11 +334,12 @@ enum
 	Anum_continued_thread,
 	Anum_continued_state,
 	Anum_continued_graph_name,
-	Anum_continued_priority
+	Anum_continued_priority,
+	Anum_continued_graph_owner
 };
 #define CONTINUED_FLOW_SQL \
 	"SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input)," \
-	" g.name, f.priority" \
+	" g.name, f.priority, g.owner::oid" \
 	" FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1"
 
 DWARF_FUNCTION(dwarf_continue);
@@ -392,8 +394,11 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	thread = SPI_getvalue(tup, desc, Anum_continued_thread);
 	d = SPI_getbinval(tup, desc, Anum_continued_state, &isnull);
 	priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_continued_priority, &isnull));
-	graph_id = LatestGraph(DatumGetTextPP(SPI_getbinval(tup, desc, Anum_continued_graph_name,
-														&isnull)), false);
+	graph_id = LatestGraphOf(DatumGetObjectId(SPI_getbinval(tup, desc, Anum_continued_graph_owner,
+															&isnull)),
+							 DatumGetTextPP(SPI_getbinval(tup, desc, Anum_continued_graph_name,
+														  &isnull)),
+							 false);
 	state = MergeOverrides(DatumGetJsonbP(d), PG_GETARG_JSONB_P(1), graph_id);
 	value.type = jbvString;
 	value.val.string.val = thread;

@@ -9,6 +9,8 @@
 #
 #  - graphs defined through the router are on both shards at the same
 #    version, and a graph one shard lacks is copied to it by the next define;
+#    a graph name is its owner's: another role's define of the same name
+#    makes its own graph, which its runs run, and sync_graphs levels each;
 #  - a few hundred flows created and run through the router (with and
 #    without idempotency keys) are spread over both shards, each on the shard
 #    its id names, and each ran every task exactly once there;
@@ -127,6 +129,42 @@ is(both(q{SELECT string_agg(version::text, ',') FROM dwarf.graph WHERE name = 'l
 is(r(q{SELECT dwarf.define('lone', '{"tasks": {"A": "app.a2"}}')}), '2',
 	'the next define of another definition gives version 2 on both');
 is(both(q{SELECT max(version) FROM dwarf.graph WHERE name = 'lone'}), '2|2', '... on both shards');
+
+# A graph name is its owner's, through the router as on one server: another
+# role's define of "lone" makes that role's own graph on every shard, and
+# its run of "lone" runs its own; ours stays at version 2.  sync_graphs
+# levels each owner's graph as that owner.
+$_->safe_psql('postgres', q{
+CREATE ROLE rmal LOGIN;
+GRANT USAGE ON SCHEMA dwarf, app TO rmal;
+GRANT INSERT ON public.done TO rmal;
+}) for @shards;
+$router->safe_psql('postgres', q{
+CREATE ROLE rmal LOGIN;
+GRANT USAGE ON FOREIGN SERVER dwarf_shards TO rmal;
+GRANT USAGE ON SCHEMA dwarf TO rmal;
+});
+sub r_as { return $router->safe_psql('postgres', $_[1], extra_params => [ '-U', $_[0] ]); }
+is(r_as('rmal', q{SELECT dwarf.define('lone', '{"tasks": {"A": "app.a3"}}')}), '1',
+	'another role\'s define of the same name through the router: version 1 of its own graph');
+my $lone_rows = q{SELECT string_agg(CASE WHEN owner = current_user::regrole THEN 'ours' ELSE owner::text END
+	|| ' ' || version || ' ' || (definition -> 'tasks' ->> 'A'), ',' ORDER BY 1) FROM dwarf.graph WHERE name = 'lone'};
+is(both($lone_rows), 'ours 1 app.a1,ours 2 app.a2,rmal 1 app.a3|ours 1 app.a1,ours 2 app.a2,rmal 1 app.a3',
+	'... on both shards, beside ours');
+my $rmal_run = r_as('rmal', q{SELECT flow_id || ' ' || status || ' ' || (state ->> 'trail') FROM dwarf.run('lone', '{}')});
+like($rmal_run, qr/^\d+ completed a3$/, '... and its run of "lone" runs its own graph');
+my $our_run = r(q{SELECT flow_id || ' ' || status || ' ' || (state ->> 'trail') FROM dwarf.run('lone', '{}')});
+like($our_run, qr/^\d+ completed a2$/, 'our run of "lone" runs ours');
+# (the flows and their tasks' writes go, so that the counts below are of
+# the flows made there)
+my @lone_ids = map { (split / /)[0] } ($rmal_run, $our_run);
+r_as('rmal', "SELECT dwarf.delete($lone_ids[0])");
+r("SELECT dwarf.delete($lone_ids[1])");
+$_->safe_psql('postgres', "DELETE FROM public.done WHERE flow_id IN ($lone_ids[0], $lone_ids[1])") for @shards;
+is(r(q{SELECT string_agg(owner || ' ' || graph || ' ' || version || ' ' || copied, ',' ORDER BY owner = current_user, graph)
+	FROM dwarf_router.sync_graphs() WHERE graph = 'lone'}),
+	'rmal lone 1 0,' . $router->safe_psql('postgres', 'SELECT current_user') . ' lone 2 0',
+	'sync_graphs: one row per owner of "lone", each level');
 
 # ---------------------------------------------------------------------------
 # A few hundred flows through the router.

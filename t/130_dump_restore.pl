@@ -114,7 +114,7 @@ SELECT f.id FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.na
 # flow, which moves on; its steps so far are checked on their own.
 my %reads = (
 	graphs => q{
-SELECT string_agg(format('%s %s %s %s %s', id, name, version, definition, created_by), E'\n' ORDER BY id)
+SELECT string_agg(format('%s %s %s %s %s', id, name, version, definition, owner), E'\n' ORDER BY id)
   FROM dwarf.graph},
 	flows => qq{
 SELECT string_agg(f.place || ' ' || to_jsonb(f)::text, E'\n' ORDER BY f.id)
