@@ -536,7 +536,10 @@ attack_9() {
 	alice_runs
 	local active="SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'attacks_fold' AND state = 'active'"
 	if [[ $(sq "$DB" "$active") == t ]]; then
-		took="still running after $(($(now_ms) - t0)) ms"
+		local pid kb
+		pid=$(sq "$DB" "SELECT pid FROM pg_stat_activity WHERE application_name = 'attacks_fold'")
+		kb=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+		took="still running after $(($(now_ms) - t0)) ms, its backend's private memory $((${kb:-0} / 1024)) MB"
 		sq "$DB" "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'attacks_fold'" >/dev/null
 		if poll "$DB" "SELECT NOT ($active)" 5; then
 			took+=", then stopped by pg_cancel_backend"
