@@ -618,7 +618,7 @@ attack_11() {
 # windows from just before mallory's cancel; "idle from T" is the start of
 # the first window under 0.15 cores.
 measure_cancel() {
-	local ids t0 w0 w1 c prev busy k cores cms idle_at= st ok=0 samples=()
+	local ids t0 w0 w1 c prev busy k cores cms idle_at='' st ok=0 samples=()
 	new_db cancel
 	ids=$(q mallory "$DB" "SELECT string_agg(dwarf.create('spin', '{}')::text, ',') FROM generate_series(1, 2)")
 	poll "$DB" "SELECT count(*) >= 2 FROM pg_stat_activity WHERE backend_type IN ('dwarf worker', 'dwarf runner')
