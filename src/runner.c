@@ -55,12 +55,24 @@ DwarfRunnerMain(Datum arg)
 	Token	   *token;
 	DwarfWorkerSlot *lender;
 	Latch	   *latch;
+	bool		preempted;
 
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	SpinLockAcquire(&slot->mutex);
 	slot->pid = MyProcPid;
 	SpinLockRelease(&slot->mutex);
+
+	/*
+	 * Preempted before the pid above could be signalled (lend.c): gone
+	 * without a word, as a terminated runner goes, its lender gives the step
+	 * back.
+	 */
+	SpinLockAcquire(&Dwarf->mutex);
+	preempted = slot->preempted;
+	SpinLockRelease(&Dwarf->mutex);
+	if (preempted)
+		proc_exit(0);
 	BackgroundWorkerInitializeConnectionByOid(slot->dboid, InvalidOid, 0);
 	pgstat_report_appname("dwarf runner");
 
