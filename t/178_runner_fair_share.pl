@@ -12,7 +12,9 @@
 #     completes with exactly one step row (attempt 1) and its task's write
 #     there once;
 #  3. with bob gone, alice's preempted step gets a runner back (she is within
-#     her share: it is not preempted again).
+#     her share: it is not preempted again);
+#  4. with steps of both waiting, each holds its share (2 of 4): bob's three
+#     steps take two of alice's runners, not three.
 #
 # alice's task waits at a gate (a row of a table) until the test opens it,
 # so her steps run as long as the test needs and can then finish.
@@ -46,6 +48,8 @@ GRANT INSERT ON ran TO PUBLIC;
 -- notes that it ran (rolled back with the step if the step is).
 CREATE FUNCTION app.work(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN
+	-- which role's step runs, for pg_locks to show: alice 1, bob 2
+	PERFORM pg_advisory_xact_lock(CASE current_user WHEN 'alice' THEN 1 ELSE 2 END, (dwarf.flow_id() % 1000000)::int);
 	PERFORM pg_sleep((s->>'sleep')::float8);
 	WHILE NOT (SELECT open FROM public.gate WHERE who = current_user) LOOP
 		PERFORM pg_sleep(0.05);
@@ -136,6 +140,45 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM ran WHERE flow_id = $bob")
 	'1', "bob's task wrote once");
 unlike(slurp_file($node->logfile), qr/ended the process running it|ended before it was done/,
 	'no preempted step was taken for a crash');
+is(scalar(() = slurp_file($node->logfile) =~ /is preempted: /g), 1,
+	"one runner was preempted, for bob's one step: none was preempted again within its share");
+
+# ---------------------------------------------------------------- 4. shares
+# alice's six steps hold the four runners; bob's three come: two of alice's
+# runners are preempted, one for each of bob's steps up to his share (2 of
+# 4), and no more: bob's third step waits, as alice's do.
+my $before = () = slurp_file($node->logfile) =~ /is preempted: /g;
+$node->safe_psql('postgres', q{UPDATE gate SET open = false});
+my @alice2 = map {
+	$node->safe_psql('postgres', qq{SELECT dwarf.create('work_alice', '{"sleep": 0, "j": $_}')},
+		extra_params => [ '-U', 'alice' ])
+} (1 .. 6);
+my $held = q{SELECT coalesce(string_agg(n::text, ',' ORDER BY role), '') FROM
+ (SELECT classid AS role, count(*) AS n FROM pg_locks
+   WHERE locktype = 'advisory' AND granted GROUP BY classid) l};
+ok($node->poll_query_until('postgres', $held, '4'), "alice's steps hold the four runners");
+my @bob2 = map {
+	$node->safe_psql('postgres', qq{SELECT dwarf.create('work_bob', '{"sleep": 0, "j": $_}')},
+		extra_params => [ '-U', 'bob' ])
+} (1 .. 3);
+ok($node->poll_query_until('postgres', $held, '2,2'),
+	"alice and bob hold two runners each, their fair share");
+$node->safe_psql('postgres', q{UPDATE gate SET open = true WHERE who = 'bob'});
+ok($node->poll_query_until('postgres',
+		"SELECT count(*) FROM dwarf.flow WHERE id IN (" . join(',', @bob2) . ") AND status = 'completed'", '3'),
+	"bob's three flows complete");
+is(scalar(() = slurp_file($node->logfile) =~ /is preempted: /g) - $before, 2,
+	"two of alice's runners were preempted, none after bob had his share");
+$node->safe_psql('postgres', q{UPDATE gate SET open = true});
+ok($node->poll_query_until('postgres',
+		"SELECT count(*) FROM dwarf.flow WHERE id IN (" . join(',', @alice2) . ") AND status = 'completed'", '6'),
+	"alice's six flows complete");
+is($node->safe_psql('postgres',
+		"SELECT count(*) || ' ' || count(DISTINCT flow_id) FROM ran WHERE flow_id IN (" . join(',', @alice2, @bob2) . ")"),
+	'9 9', 'each of their tasks wrote once');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM dwarf.step WHERE status = 'failed' OR error IS NOT NULL OR attempt <> 1"),
+	'0', 'no step failed or took a second attempt');
 
 check_no_crash($node, 'no process crashed');
 stop_node($node, $t0);
