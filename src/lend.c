@@ -390,7 +390,8 @@ PreemptForFairness(void)
 	int			running;
 	int64		flow_id = 0;
 	Oid			role = InvalidOid;
-	pid_t		pid = 0;
+	pid_t		pid;
+	bool		done;
 	int			i;
 
 	TakeLendView(&view);
@@ -428,9 +429,11 @@ PreemptForFairness(void)
 		return;
 
 	SpinLockAcquire(&victim->mutex);
-	if (!victim->done)
-		pid = victim->pid;
+	done = victim->done;
+	pid = victim->pid;
 	SpinLockRelease(&victim->mutex);
+	if (done)
+		return;					/* its runner is free already */
 	running = RunningOf(&view, role);
 	ereport(LOG,
 			(errmsg("dwarf: a runner's step of flow " INT64_FORMAT " of role %u is preempted: the role holds %d of dwarf.max_runners (%d), more than its share of %d, while a step of role %u waits",

@@ -5,7 +5,10 @@
  *		no other flow.  The owning worker lends the step (lend.c).
  *
  * The runner loads the flow from the tables as a restart would, runs the
- * step as a batch of one, isolated, commits, and says it is done.
+ * step as a batch of one, isolated, commits, and says it is done.  A
+ * runner preempted to make room for another role's step (lend.c) is
+ * terminated instead: its transaction rolls back, and its lender gives the
+ * step back.
  */
 #include "postgres.h"
 
