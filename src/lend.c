@@ -386,6 +386,8 @@ PreemptForFairness(void)
 	LendView	view;
 	Lent	   *waiting;
 	DwarfRunnerSlot *victim = NULL;
+	Oid			over[DWARF_MAX_RUNNERS];	/* roles above their share */
+	int			nover = 0;
 	int			share;
 	int			running;
 	int64		flow_id = 0;
@@ -401,21 +403,28 @@ PreemptForFairness(void)
 	share = Max(1, MaxRunners() / Max(1, view.nroles));
 	if (RunningOf(&view, waiting->role) >= share)
 		return;
+	for (i = 0; i < view.nroles; i++)
+		if (view.roles[i].running > share)
+			over[nover++] = view.roles[i].role;
+	if (nover == 0)
+		return;
 
 	SpinLockAcquire(&Dwarf->mutex);
 	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
 	{
 		DwarfRunnerSlot *slot = &Dwarf->runners[i];
+		int			j;
 
 		if (slot->preempted && slot->in_use)
 		{
 			victim = NULL;		/* another worker was quicker */
 			break;
 		}
-		if (!slot->in_use || slot->role == waiting->role ||
-			RunningOf(&view, slot->role) <= share)
+		if (!slot->in_use)
 			continue;
-		if (victim == NULL || slot->lent_at > victim->lent_at)
+		for (j = 0; j < nover && over[j] != slot->role; j++)
+			;
+		if (j < nover && (victim == NULL || slot->lent_at > victim->lent_at))
 			victim = slot;
 	}
 	if (victim)
