@@ -18,6 +18,22 @@
  *
  * A runner that dies before it is done gives its step back: the owner
  * reloads the flow, and the step runs again.
+ *
+ * Runners are shared fairly between roles (a role is a flow's owner), over
+ * the scope dwarf.max_runners counts them in: the cluster.  A free runner
+ * goes to the waiting step of the role that holds the fewest, whichever
+ * worker (of whichever database) has it: each worker says which roles'
+ * steps wait with it (DwarfLendWaits), and the others leave a free runner
+ * to a role that holds fewer than theirs.  A role's fair share is
+ * dwarf.max_runners over the number of roles with running or waiting slow
+ * steps (at least 1).  When every runner is taken and a step of a role
+ * below its share waits, the newest runner of a role above its share is
+ * preempted: terminated, so its step's transaction rolls back (nothing of
+ * it was committed), and its lender gives the step back to wait for a
+ * runner again, neither failed nor counted as an attempt nor taken for a
+ * crash.  Only a role above its share loses a runner, and only to one
+ * below it, so no step is preempted back and forth; one preemption at a
+ * time is in flight.
  */
 #include "postgres.h"
 
@@ -150,11 +166,299 @@ NoteTaskTime(GraphNode *node, int64 us)
 	SpinLockRelease(&Dwarf->slow_mutex);
 }
 
+/* ---------- sharing the runners between roles ---------- */
+
+/* Another worker's word on its waiting roles counts for this long. */
+#define DWARF_WAITS_FRESH_MS	2000
+
+/* Roles tallied at most (every runner's, and then waiting ones'). */
+#define DWARF_TALLY_ROLES		(2 * DWARF_MAX_RUNNERS)
+
+/* A role's runners and whether a step of its waits for one. */
+typedef struct RoleShare
+{
+	Oid			role;
+	int			running;		/* runners it holds, but those being preempted */
+	bool		waiting;
+} RoleShare;
+
+/* The runners and the waiting roles of the cluster, as seen at a moment. */
+typedef struct LendView
+{
+	int			used;			/* runner slots in use */
+	bool		preempting;		/* a runner is being preempted */
+	int			nroles;
+	RoleShare	roles[DWARF_TALLY_ROLES];
+} LendView;
+
+/* The view's entry for a role; with add, a new one if there is room; or NULL. */
+static RoleShare *
+RoleIn(LendView *view, Oid role, bool add)
+{
+	int			i;
+
+	for (i = 0; i < view->nroles; i++)
+		if (view->roles[i].role == role)
+			return &view->roles[i];
+	if (!add || view->nroles == DWARF_TALLY_ROLES)
+		return NULL;
+	view->roles[view->nroles].role = role;
+	view->roles[view->nroles].running = 0;
+	view->roles[view->nroles].waiting = false;
+	return &view->roles[view->nroles++];
+}
+
+/* Runners a role holds, in view. */
+static int
+RunningOf(LendView *view, Oid role)
+{
+	RoleShare  *r = RoleIn(view, role, false);
+
+	return r ? r->running : 0;
+}
+
+/*
+ * Takes a view of the runners and of the roles waiting for one: copied
+ * under the lock, tallied outside it.
+ */
+static void
+TakeLendView(LendView *view)
+{
+	Oid			running[DWARF_MAX_RUNNERS];
+	Oid			waiting[DWARF_MAX_WORKERS * DWARF_WAIT_ROLES];
+	int			nrunning = 0;
+	int			nwaiting = 0;
+	TimestampTz now = GetCurrentTimestamp();
+	int			i;
+	int			j;
+
+	view->used = 0;
+	view->preempting = false;
+	view->nroles = 0;
+	SpinLockAcquire(&Dwarf->mutex);
+	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
+	{
+		DwarfRunnerSlot *slot = &Dwarf->runners[i];
+
+		if (!slot->in_use)
+			continue;
+		view->used++;
+		if (slot->preempted)
+			view->preempting = true;
+		else
+			running[nrunning++] = slot->role;
+	}
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfLendWaits *w = &Dwarf->lend_waits[i];
+
+		/* the worker's pid is read unlocked: it is gone or not */
+		if (w->nroles == 0 || w->pid != Dwarf->workers[i].pid ||
+			TimestampDifferenceExceeds(w->at, now, DWARF_WAITS_FRESH_MS))
+			continue;
+		for (j = 0; j < w->nroles; j++)
+			waiting[nwaiting++] = w->roles[j];
+	}
+	SpinLockRelease(&Dwarf->mutex);
+
+	for (i = 0; i < nrunning; i++)
+		RoleIn(view, running[i], true)->running++;
+	for (i = 0; i < nwaiting; i++)
+	{
+		RoleShare  *r = RoleIn(view, waiting[i], true);
+
+		if (r)
+			r->waiting = true;
+	}
+}
+
+/* Does a role hold fewer runners than role, while a step of its waits? */
+static bool
+FewerWait(LendView *view, Oid role)
+{
+	int			mine = RunningOf(view, role);
+	int			i;
+
+	for (i = 0; i < view->nroles; i++)
+		if (view->roles[i].waiting && view->roles[i].role != role &&
+			view->roles[i].running < mine)
+			return true;
+	return false;
+}
+
+/* The waiting step (runner < 0) whose role holds the fewest runners, or NULL. */
+static Lent *
+NextToLend(LendView *view)
+{
+	Lent	   *next = NULL;
+	int			fewest = 0;
+	ListCell   *lc;
+
+	foreach(lc, Worker.lent)
+	{
+		Lent	   *lent = lfirst(lc);
+		int			running;
+
+		if (lent->runner >= 0)
+			continue;
+		running = RunningOf(view, lent->role);
+		if (next == NULL || running < fewest)
+		{
+			next = lent;
+			fewest = running;
+		}
+	}
+	return next;
+}
+
+/*
+ * Says which roles' steps wait for a runner here, for the other workers to
+ * leave a free runner to them (TakeLendView).  Once a loop while steps
+ * wait, and once more when none does any longer.
+ */
+static void
+PublishWaits(void)
+{
+	static bool published = false;
+	DwarfLendWaits *w = &Dwarf->lend_waits[Worker.slot - Dwarf->workers];
+	Oid			roles[DWARF_WAIT_ROLES];
+	int			nroles = 0;
+	TimestampTz now;
+	ListCell   *lc;
+	int			i;
+
+	foreach(lc, Worker.lent)
+	{
+		Lent	   *lent = lfirst(lc);
+
+		if (lent->runner >= 0)
+			continue;
+		for (i = 0; i < nroles; i++)
+			if (roles[i] == lent->role)
+				break;
+		if (i == nroles && nroles < DWARF_WAIT_ROLES)
+			roles[nroles++] = lent->role;
+	}
+	if (nroles == 0 && !published)
+		return;
+	now = GetCurrentTimestamp();
+	SpinLockAcquire(&Dwarf->mutex);
+	w->pid = MyProcPid;
+	w->at = now;
+	w->nroles = nroles;
+	memcpy(w->roles, roles, nroles * sizeof(Oid));
+	SpinLockRelease(&Dwarf->mutex);
+	published = nroles > 0;
+}
+
+/* Wakes the other workers whose steps wait for a runner: one is free. */
+static void
+WakeWaitingWorkers(void)
+{
+	int			i;
+
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+	{
+		DwarfWorkerSlot *slot = &Dwarf->workers[i];
+		Latch	   *latch = NULL;
+
+		if (slot == Worker.slot)
+			continue;
+		SpinLockAcquire(&Dwarf->mutex);
+		if (Dwarf->lend_waits[i].nroles > 0 && Dwarf->lend_waits[i].pid == slot->pid)
+			latch = slot->latch;
+		SpinLockRelease(&Dwarf->mutex);
+		if (latch)
+			SetLatch(latch);
+	}
+}
+
+/*
+ * Every runner is taken and a step of ours waits: if its role (the one of
+ * ours that holds the fewest) is below its fair share, preempts the newest
+ * runner of a role above it (see the file's comment).  Its lender finds it
+ * gone (RunnerFinished) and gives its step back; the freed runner goes to
+ * the role that holds fewer.
+ */
+static void
+PreemptForFairness(void)
+{
+	LendView	view;
+	Lent	   *waiting;
+	DwarfRunnerSlot *victim = NULL;
+	Oid			over[DWARF_MAX_RUNNERS];	/* roles above their share */
+	int			nover = 0;
+	int			share;
+	int			running;
+	int64		flow_id = 0;
+	Oid			role = InvalidOid;
+	pid_t		pid;
+	bool		done;
+	int			i;
+
+	TakeLendView(&view);
+	if (view.preempting || view.used < MaxRunners() ||
+		(waiting = NextToLend(&view)) == NULL)
+		return;
+	share = Max(1, MaxRunners() / Max(1, view.nroles));
+	if (RunningOf(&view, waiting->role) >= share)
+		return;
+	for (i = 0; i < view.nroles; i++)
+		if (view.roles[i].running > share)
+			over[nover++] = view.roles[i].role;
+	if (nover == 0)
+		return;
+
+	SpinLockAcquire(&Dwarf->mutex);
+	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
+	{
+		DwarfRunnerSlot *slot = &Dwarf->runners[i];
+		int			j;
+
+		if (slot->preempted && slot->in_use)
+		{
+			victim = NULL;		/* another worker was quicker */
+			break;
+		}
+		if (!slot->in_use)
+			continue;
+		for (j = 0; j < nover && over[j] != slot->role; j++)
+			;
+		if (j < nover && (victim == NULL || slot->lent_at > victim->lent_at))
+			victim = slot;
+	}
+	if (victim)
+	{
+		victim->preempted = true;
+		flow_id = victim->flow_id;
+		role = victim->role;
+	}
+	SpinLockRelease(&Dwarf->mutex);
+	if (victim == NULL)
+		return;
+
+	SpinLockAcquire(&victim->mutex);
+	done = victim->done;
+	pid = victim->pid;
+	SpinLockRelease(&victim->mutex);
+	if (done)
+		return;					/* its runner is free already */
+	running = RunningOf(&view, role);
+	ereport(LOG,
+			(errmsg("dwarf: a runner's step of flow " INT64_FORMAT " of role %u is preempted: the role holds %d of dwarf.max_runners (%d), more than its share of %d, while a step of role %u waits",
+					flow_id, role, running, MaxRunners(), share, waiting->role),
+			 errdetail("The step is rolled back and waits for a runner again; nothing of it is kept.")));
+	/* A runner not started yet stops as it starts: its lender sees it gone. */
+	if (pid > 0)
+		kill(pid, SIGTERM);
+}
+
 /* ---------- the lending worker's side ---------- */
 
 /*
  * Takes a free runner slot and starts a runner on it.  Returns false when
- * there is no slot, or no background worker could be started.
+ * there is no slot, a role that holds fewer runners than the step's waits
+ * for one, or no background worker could be started.
  */
 static bool
 StartRunner(Lent *lent)
@@ -162,10 +466,14 @@ StartRunner(Lent *lent)
 	BackgroundWorker worker = {0};
 	DwarfRunnerSlot *slot = NULL;
 	MemoryContext old;
+	LendView	view;
 	bool		registered;
 	int			used = 0;
 	int			i;
 
+	TakeLendView(&view);
+	if (view.used >= MaxRunners() || FewerWait(&view, lent->role))
+		return false;
 	SpinLockAcquire(&Dwarf->mutex);
 	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
 	{
@@ -180,7 +488,9 @@ StartRunner(Lent *lent)
 		return false;
 	}
 	slot->in_use = true;
+	slot->preempted = false;
 	slot->dboid = MyDatabaseId;
+	slot->role = lent->role;
 	slot->worker = Worker.slot->index;
 	slot->flow_id = lent->flow_id;
 	slot->token_id = lent->token_id;
@@ -247,6 +557,7 @@ RunnerLend(FlowRun *flow, Token *token)
 	lent = palloc0(sizeof(Lent));
 	lent->flow_id = flow->id;
 	lent->token_id = token->id;
+	lent->role = flow->owner;
 	lent->runner = -1;
 	if (!StartRunner(lent) && Worker.lent == NIL && RunnersInUse() == 0)
 	{
@@ -256,6 +567,8 @@ RunnerLend(FlowRun *flow, Token *token)
 	}
 	Worker.lent = lappend(Worker.lent, lent);
 	MemoryContextSwitchTo(old);
+	if (lent->runner < 0)
+		PublishWaits();
 	return true;
 }
 
@@ -267,6 +580,7 @@ RunnerFinished(Lent *lent)
 	pid_t		pid;
 	bool		done;
 	bool		gone;
+	bool		preempted;
 
 	if (lent->handle)
 		gone = GetBackgroundWorkerPid(lent->handle, &pid) == BGWH_STOPPED;
@@ -283,7 +597,14 @@ RunnerFinished(Lent *lent)
 	SpinLockRelease(&slot->mutex);
 	if (!done && !gone)
 		return false;
-	if (!done)
+	SpinLockAcquire(&Dwarf->mutex);
+	preempted = slot->preempted;
+	SpinLockRelease(&Dwarf->mutex);
+	if (!done && preempted)
+		ereport(LOG,
+				(errmsg("dwarf: the preempted step of flow " INT64_FORMAT " waits for a runner again",
+						lent->flow_id)));
+	else if (!done)
 	{
 		ereport(LOG,
 				(errmsg("dwarf: the runner of a step of flow " INT64_FORMAT " ended before it was done",
@@ -296,14 +617,16 @@ RunnerFinished(Lent *lent)
 /*
  * Looks after the lent steps: a finished runner's flow is reloaded (the
  * tables have its step), and steps waiting for a runner get one if there
- * is room.  Returns milliseconds until it should look again for room, or
- * -1 when no step waits.
+ * is room, the role that holds the fewest first; if there is none, one may
+ * be preempted for them (PreemptForFairness).  Returns milliseconds until
+ * it should look again for room, or -1 when no step waits.
  */
 long
 RunnerPoll(void)
 {
 	ListCell   *lc;
 	bool		waiting = false;
+	bool		freed = false;
 
 	foreach(lc, Worker.lent)
 	{
@@ -326,8 +649,7 @@ RunnerPoll(void)
 				}
 				continue;
 			}
-			if (!StartRunner(lent))
-				waiting = true;
+			waiting = true;
 			continue;
 		}
 		if (!RunnerFinished(lent))
@@ -348,12 +670,31 @@ RunnerPoll(void)
 		}
 		SpinLockAcquire(&Dwarf->mutex);
 		Dwarf->runners[lent->runner].in_use = false;
+		Dwarf->runners[lent->runner].preempted = false;
 		SpinLockRelease(&Dwarf->mutex);
+		freed = true;
 		if (lent->handle)
 			pfree(lent->handle);
 		Worker.lent = foreach_delete_current(Worker.lent, lc);
 		pfree(lent);
 	}
+
+	while (waiting)
+	{
+		LendView	view;
+		Lent	   *next;
+
+		TakeLendView(&view);
+		if ((next = NextToLend(&view)) == NULL)
+			waiting = false;
+		else if (!StartRunner(next))
+			break;
+	}
+	PublishWaits();
+	if (waiting)
+		PreemptForFairness();
+	if (freed)
+		WakeWaitingWorkers();
 	return waiting ? 100 : -1;
 }
 
@@ -386,6 +727,7 @@ RunnerAdopt(void)
 		lent = palloc0(sizeof(Lent));
 		lent->flow_id = slot->flow_id;
 		lent->token_id = slot->token_id;
+		lent->role = slot->role;
 		lent->runner = i;
 		Worker.lent = lappend(Worker.lent, lent);
 		MemoryContextSwitchTo(old);

@@ -5,7 +5,10 @@
  *		no other flow.  The owning worker lends the step (lend.c).
  *
  * The runner loads the flow from the tables as a restart would, runs the
- * step as a batch of one, isolated, commits, and says it is done.
+ * step as a batch of one, isolated, commits, and says it is done.  A
+ * runner preempted to make room for another role's step (lend.c) is
+ * terminated instead: its transaction rolls back, and its lender gives the
+ * step back.
  */
 #include "postgres.h"
 
@@ -55,12 +58,24 @@ DwarfRunnerMain(Datum arg)
 	Token	   *token;
 	DwarfWorkerSlot *lender;
 	Latch	   *latch;
+	bool		preempted;
 
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	SpinLockAcquire(&slot->mutex);
 	slot->pid = MyProcPid;
 	SpinLockRelease(&slot->mutex);
+
+	/*
+	 * Preempted before the pid above could be signalled (lend.c): gone
+	 * without a word, as a terminated runner goes, its lender gives the step
+	 * back.
+	 */
+	SpinLockAcquire(&Dwarf->mutex);
+	preempted = slot->preempted;
+	SpinLockRelease(&Dwarf->mutex);
+	if (preempted)
+		proc_exit(0);
 	BackgroundWorkerInitializeConnectionByOid(slot->dboid, InvalidOid, 0);
 	pgstat_report_appname("dwarf runner");
 

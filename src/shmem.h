@@ -1,7 +1,8 @@
 /*
  * shmem.h
  *		dwarf's shared memory (shmem.c): worker slots and their note rings,
- *		await waiters, dwarf.run's requests, runner slots, slow tasks.
+ *		await waiters, dwarf.run's requests, runner slots and the roles
+ *		waiting for them, slow tasks.
  */
 #ifndef DWARF_SHMEM_H
 #define DWARF_SHMEM_H
@@ -119,7 +120,10 @@ typedef struct RunRequest
 typedef struct DwarfRunnerSlot
 {
 	bool		in_use;			/* under DwarfShared.mutex */
+	bool		preempted;		/* under DwarfShared.mutex: stopped to make
+								 * room for another role's step (lend.c) */
 	Oid			dboid;
+	Oid			role;			/* the flow's owner, whose share it counts in */
 	int			worker;			/* the lender's number in its database (its slot's
 								 * index): a restarted lender may get another
 								 * slot, and adopts its runners by this */
@@ -141,6 +145,21 @@ typedef struct DwarfSlowTask
 	TimestampTz noted_at;		/* when; the oldest goes first when full */
 } DwarfSlowTask;
 
+/*
+ * The roles whose slow steps wait for a runner at one worker, as it last
+ * said (lend.c), by worker slot.  Stale once that worker is gone (pid) or
+ * has not said it again for a while (at).
+ */
+#define DWARF_WAIT_ROLES	8
+
+typedef struct DwarfLendWaits
+{
+	pid_t		pid;			/* the worker that wrote it */
+	TimestampTz at;				/* when */
+	int			nroles;
+	Oid			roles[DWARF_WAIT_ROLES];
+} DwarfLendWaits;
+
 typedef struct DwarfShared
 {
 	slock_t		mutex;			/* protects the launcher fields */
@@ -152,6 +171,7 @@ typedef struct DwarfShared
 
 	DwarfWorkerSlot workers[DWARF_MAX_WORKERS];
 	DwarfRunnerSlot runners[DWARF_MAX_RUNNERS];
+	DwarfLendWaits lend_waits[DWARF_MAX_WORKERS];	/* under mutex */
 
 	slock_t		slow_mutex;
 	pg_atomic_uint32 slow_epoch;	/* bumped at every change of slow[] */

@@ -58,6 +58,7 @@ typedef struct Lent
 {
 	int64		flow_id;
 	int32		token_id;
+	Oid			role;			/* the flow's owner: runners are shared by role */
 	int			runner;			/* index in DwarfShared.runners; -1: waiting */
 	BackgroundWorkerHandle *handle; /* NULL for a runner of an earlier worker */
 } Lent;
