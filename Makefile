@@ -17,6 +17,7 @@ OBJS = \
 	src/crashes.o \
 	src/queue.o \
 	src/store.o \
+	src/sleepers.o \
 	src/graph.o \
 	src/names.o \
 	src/flowrun.o \

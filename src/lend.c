@@ -11,7 +11,7 @@
  * step, at most dwarf.max_runners at a time (steps wait for a free one).
  * When the runner is done, the owner reloads the flow and moves it on.
  * While a step is lent, no other step of its flow runs, however often the
- * owner reloads it (FlowIsLent, worker.h): the runner's copy of the flow
+ * owner reloads it (FlowIsLent): the runner's copy of the flow
  * must stay the flow.  A step is lent before its batch starts (its input is
  * committed); the flow's other steps in that batch do not run.  A
  * slow task that runs quickly again comes back to the workers.
@@ -696,6 +696,23 @@ RunnerPoll(void)
 	if (freed)
 		WakeWaitingWorkers();
 	return waiting ? 100 : -1;
+}
+
+/*
+ * Has this flow a step at a runner?  Then no other step of it runs until
+ * the runner is done: the runner works from the flow's committed steps, and
+ * a step of the worker's meanwhile would make tokens the runner's copy
+ * knows nothing of.
+ */
+bool
+FlowIsLent(int64 flow_id)
+{
+	ListCell   *lc;
+
+	foreach(lc, Worker.lent)
+		if (((Lent *) lfirst(lc))->flow_id == flow_id)
+			return true;
+	return false;
 }
 
 /*

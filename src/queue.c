@@ -7,10 +7,8 @@
  * Within a priority, steps are served by virtual time per fairness key, so
  * keys share the worker in proportion to their weights; then first come,
  * first served.  Steps due later (sleep, retry backoff) wait on a timer
- * heap, earliest first, and cost nothing until they come due.  A flow that
- * sleeps for long is not kept in memory at all (store.c evicts it): only
- * its id and the time to load it again wait, on a compact heap of their
- * own (sixteen bytes a flow).
+ * heap, earliest first, and cost nothing until they come due.  (A flow that
+ * sleeps for long is not in memory at all: sleepers.c.)
  */
 #include "postgres.h"
 
@@ -30,22 +28,8 @@ typedef struct FairKey
 	double		pass;
 } FairKey;
 
-
-/* An evicted flow, to load again at due. */
-typedef struct Sleeper
-{
-	int64		flow_id;
-	TimestampTz due;
-} Sleeper;
-
-/* Sleepers' heap starts at, and never shrinks below, this many entries. */
-#define SLEEPERS_MIN	1024
-
 static pairingheap *Ready = NULL;
 static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
-static Sleeper *Sleepers = NULL;	/* a binary heap, earliest due first */
-static int	NSleepers = 0;
-static int	SleepersSize = 0;
 static HTAB *FairKeys = NULL;
 static double VirtualTime = 0;	/* vtime of the last entry run */
 static uint64 ReadySeq = 0;
@@ -115,7 +99,9 @@ NewReadyEntry(FlowRun *flow, Token *token)
 
 /*
  * Queues every token of a running flow that can run and is not queued yet:
- * on the ready queue, or on the timer heap when it is due later.
+ * on the ready queue, or on the timer heap when it is due later.  Not for
+ * a flow with a step at a runner (FlowIsLent, lend.c): the worker queues
+ * it again when the runner is done.
  */
 void
 EnqueueRunnable(FlowRun *flow)
@@ -123,8 +109,8 @@ EnqueueRunnable(FlowRun *flow)
 	TimestampTz now = GetCurrentTimestamp();
 	ListCell   *lc;
 
-	if (flow->status != FLOW_RUNNING || FlowIsLent(flow->id))
-		return;					/* a lent flow is queued again when it returns */
+	if (flow->status != FLOW_RUNNING)
+		return;
 	foreach(lc, flow->tokens)
 	{
 		Token	   *token = lfirst(lc);
@@ -168,8 +154,7 @@ UnqueueTimers(FlowRun *flow)
 
 /*
  * Moves the timers that came due to the ready queue.  Returns how many
- * milliseconds until the next one, or until the next sleeper is due
- * (TakeDueSleeper), or -1 when none is waiting.
+ * milliseconds until the next one, or -1 when none is waiting.
  */
 long
 MoveDueTimers(void)
@@ -197,113 +182,7 @@ MoveDueTimers(void)
 			token->timer = NULL;
 		MakeReady(entry);
 	}
-	if (NSleepers > 0)
-	{
-		long		ms = Sleepers[0].due > now ?
-			TimestampDifferenceMilliseconds(now, Sleepers[0].due) + 1 : 0;
-
-		next = next < 0 ? ms : Min(next, ms);
-	}
 	return next;
-}
-
-/* Swaps two sleepers of the heap. */
-static inline void
-SwapSleepers(int a, int b)
-{
-	Sleeper		tmp = Sleepers[a];
-
-	Sleepers[a] = Sleepers[b];
-	Sleepers[b] = tmp;
-}
-
-/*
- * Remembers an evicted flow, to be loaded again at due.  The same flow may
- * be remembered twice (evicted, loaded by a note, evicted again): loading
- * a flow that is in memory, or that has closed, does nothing.
- */
-void
-SleeperAdd(int64 flow_id, TimestampTz due)
-{
-	int			i;
-
-	if (NSleepers == SleepersSize)
-	{
-		SleepersSize = Max(SleepersSize * 2, SLEEPERS_MIN);
-		Sleepers = Sleepers == NULL ?
-			MemoryContextAlloc(Worker.context, sizeof(Sleeper) * SleepersSize) :
-			repalloc(Sleepers, sizeof(Sleeper) * SleepersSize);
-	}
-	i = NSleepers++;
-	Sleepers[i].flow_id = flow_id;
-	Sleepers[i].due = due;
-	while (i > 0 && Sleepers[(i - 1) / 2].due > Sleepers[i].due)
-	{
-		SwapSleepers(i, (i - 1) / 2);
-		i = (i - 1) / 2;
-	}
-}
-
-/*
- * Takes the next sleeper that is due, into *flow_id.  Returns false when
- * none is.  The heap's memory shrinks as it empties.
- */
-bool
-TakeDueSleeper(int64 *flow_id)
-{
-	int			i = 0;
-
-	if (NSleepers == 0 || Sleepers[0].due > GetCurrentTimestamp())
-		return false;
-	*flow_id = Sleepers[0].flow_id;
-	Sleepers[0] = Sleepers[--NSleepers];
-	for (;;)
-	{
-		int			least = i;
-		int			l = 2 * i + 1;
-
-		if (l < NSleepers && Sleepers[l].due < Sleepers[least].due)
-			least = l;
-		if (l + 1 < NSleepers && Sleepers[l + 1].due < Sleepers[least].due)
-			least = l + 1;
-		if (least == i)
-			break;
-		SwapSleepers(i, least);
-		i = least;
-	}
-	if (SleepersSize > SLEEPERS_MIN && NSleepers < SleepersSize / 4)
-	{
-		SleepersSize /= 2;
-		Sleepers = repalloc(Sleepers, sizeof(Sleeper) * SleepersSize);
-	}
-	return true;
-}
-
-/*
- * Forgets every sleeper, and the heap's memory: the worker drops all it
- * holds and scans the tables again (LoadFlows).
- */
-void
-SleepersForget(void)
-{
-	if (Sleepers != NULL)
-		pfree(Sleepers);
-	Sleepers = NULL;
-	NSleepers = 0;
-	SleepersSize = 0;
-}
-
-/* The ids of the evicted flows that wait, in a new array (*n of them). */
-int64 *
-SleeperIds(int *n)
-{
-	int64	   *ids = palloc(sizeof(int64) * Max(NSleepers, 1));
-	int			i;
-
-	for (i = 0; i < NSleepers; i++)
-		ids[i] = Sleepers[i].flow_id;
-	*n = NSleepers;
-	return ids;
 }
 
 /* The priority of the best ready step, or PG_INT32_MAX when none is ready. */

@@ -85,7 +85,7 @@ DwarfRunnerMain(Datum arg)
 	CrashesInitRunner(DatumGetInt32(arg));
 	Worker.full_scan = false;
 	NoteLoad(slot->flow_id, true);
-	LoadFlows();
+	list_free_deep(LoadFlows());	/* not queued: the step below is all it runs */
 
 	flow = hash_search(Worker.flows, &slot->flow_id, HASH_FIND, NULL);
 	token = flow ? FlowFindToken(flow, slot->token_id) : NULL;
@@ -95,7 +95,6 @@ DwarfRunnerMain(Datum arg)
 
 		entry->flow_id = flow->id;
 		entry->token_id = token->id;
-		token->queued = false;
 		token->running = true;
 		MemoryContextSwitchTo(Worker.batch_context);
 		RunEntries(list_make1(entry), true, true, NIL);

@@ -10,8 +10,9 @@
  *
  * So a flow need not stay in memory while it has nothing to run for a
  * while: one that sleeps past DWARF_EVICT_AFTER_MS, is interrupted, or
- * waits for child flows is evicted (QueueOrEvict), and loaded again from
- * its rows when it is due (a sleeper, queue.c) or when a note says it
+ * waits for child flows is evicted (QueueOrEvict, worker.c), and loaded
+ * again from its rows when it is due (a sleeper, sleepers.c) or when a
+ * note says it
  * changed (a resume, a child that closed, a cancel).  A worker that
  * starts does not load every flow it owns either: a scan reads when each
  * can next run, from its last steps, and loads only those due soon.
@@ -62,14 +63,6 @@ static SPIPlanPtr CloseFlowPlan = NULL;
 
 /* Up to this many flows to load are read one by one (see PreparePlans). */
 #define LOAD_ONE_BY_ONE 16
-
-/*
- * A flow with nothing to run sooner than this is evicted from memory; it is
- * loaded again DWARF_WAKE_AHEAD_MS before it is due, so that its timer
- * fires on time.
- */
-#define DWARF_EVICT_AFTER_MS	5000
-#define DWARF_WAKE_AHEAD_MS		1000
 
 /* The flows of ours that run or are interrupted: a full scan's first pass. */
 #define SCAN_IDS_SQL \
@@ -696,61 +689,6 @@ ScanFlows(void)
 }
 
 /*
- * Has this flow nothing to run for a while?  Then *wake is when it has
- * (0: never by itself; a note will say).  Each live token must be parked
- * (an interrupt, a child flow) or due past DWARF_EVICT_AFTER_MS, and none
- * on the ready queue, in a batch, or at a runner.
- */
-static bool
-FlowSleeps(FlowRun *flow, TimestampTz *wake)
-{
-	TimestampTz later = GetCurrentTimestamp() + (TimestampTz) DWARF_EVICT_AFTER_MS * 1000;
-	ListCell   *lc;
-
-	*wake = 0;
-	if (Worker.is_runner || flow->status != FLOW_RUNNING || flow->tokens == NIL ||
-		FlowIsLent(flow->id))
-		return false;
-	foreach(lc, flow->tokens)
-	{
-		Token	   *token = lfirst(lc);
-
-		if (token->running || (token->queued && token->timer == NULL))
-			return false;
-		if (token->parked)
-			continue;
-		if (token->due <= later)
-			return false;
-		if (*wake == 0 || token->due < *wake)
-			*wake = token->due;
-	}
-	return true;
-}
-
-/*
- * Queues a running flow's runnable tokens (EnqueueRunnable) or, when it
- * has nothing to run for a while (FlowSleeps), evicts it from memory: a
- * sleeper is remembered by its id and the time to load it again, a flow
- * parked on an interrupt or a child flow not at all (dwarf.resume, and a
- * child's close, send a note that loads it).
- */
-void
-QueueOrEvict(FlowRun *flow)
-{
-	TimestampTz wake;
-
-	if (!FlowSleeps(flow, &wake))
-	{
-		EnqueueRunnable(flow);
-		return;
-	}
-	UnqueueTimers(flow);
-	if (wake != 0)
-		SleeperAdd(flow->id, wake - (TimestampTz) DWARF_WAKE_AHEAD_MS * 1000);
-	DropFlow(flow);
-}
-
-/*
  * Makes Worker.flows anew when it holds far fewer flows than it once did: a
  * hash table keeps the buckets and entries it grew to (a burst of a
  * million flows would hold their space for good).  Only between batches,
@@ -781,10 +719,12 @@ ShrinkFlowTable(void)
 }
 
 /*
- * Loads the flows listed in Worker.to_load, up to DWARF_LOAD_CHUNK of them (after
- * a full scan, those of ours that can run soon, see ScanFlows).
+ * Loads the flows listed in Worker.to_load, up to DWARF_LOAD_CHUNK of them
+ * (after a full scan, those of ours that can run soon, see ScanFlows).
+ * Returns what it took, LoadItems (the caller frees them): the caller
+ * queues those in memory, as the store queues nothing.
  */
-void
+List *
 LoadFlows(void)
 {
 	List	   *items;
@@ -879,15 +819,7 @@ LoadFlows(void)
 		DwarfWakeWaiters(&id, 1);
 		DropFlow(flow);
 	}
-	foreach(lc, items)
-	{
-		LoadItem   *item = lfirst(lc);
-		FlowRun    *flow = hash_search(Worker.flows, &item->flow_id, HASH_FIND, NULL);
-
-		if (flow)
-			QueueOrEvict(flow);
-	}
-	list_free_deep(items);
+	return items;
 }
 
 /*

@@ -455,6 +455,83 @@ BatchFailedOutside(Batch *b, ErrorData *edata)
 }
 
 /*
+ * Has this flow nothing to run for a while?  Then *wake is when it has
+ * (0: never by itself; a note will say).  Each live token must be parked
+ * (an interrupt, a child flow) or due past DWARF_EVICT_AFTER_MS, and none
+ * on the ready queue or in a batch.
+ */
+static bool
+FlowSleeps(FlowRun *flow, TimestampTz *wake)
+{
+	TimestampTz later = GetCurrentTimestamp() + (TimestampTz) DWARF_EVICT_AFTER_MS * 1000;
+	ListCell   *lc;
+
+	*wake = 0;
+	if (Worker.is_runner || flow->status != FLOW_RUNNING || flow->tokens == NIL)
+		return false;
+	foreach(lc, flow->tokens)
+	{
+		Token	   *token = lfirst(lc);
+
+		if (token->running || (token->queued && token->timer == NULL))
+			return false;
+		if (token->parked)
+			continue;
+		if (token->due <= later)
+			return false;
+		if (*wake == 0 || token->due < *wake)
+			*wake = token->due;
+	}
+	return true;
+}
+
+/*
+ * Queues a running flow's runnable tokens (EnqueueRunnable) or, when it
+ * has nothing to run for a while (FlowSleeps), evicts it from memory: a
+ * sleeper is remembered by its id and the time to load it again
+ * (sleepers.c), a flow parked on an interrupt or a child flow not at all
+ * (dwarf.resume, and a child's close, send a note that loads it).  A flow
+ * with a step at a runner waits for it (lend.c queues it again).
+ */
+void
+QueueOrEvict(FlowRun *flow)
+{
+	TimestampTz wake;
+
+	if (FlowIsLent(flow->id))
+		return;
+	if (!FlowSleeps(flow, &wake))
+	{
+		EnqueueRunnable(flow);
+		return;
+	}
+	UnqueueTimers(flow);
+	if (wake != 0)
+		SleeperAdd(flow->id, wake - (TimestampTz) DWARF_WAKE_AHEAD_MS * 1000);
+	DropFlow(flow);
+}
+
+/*
+ * Loads the next flows to load (LoadFlows), and queues or evicts each.
+ */
+static void
+LoadAndQueue(void)
+{
+	List	   *items = LoadFlows();
+	ListCell   *lc;
+
+	foreach(lc, items)
+	{
+		LoadItem   *item = lfirst(lc);
+		FlowRun    *flow = hash_search(Worker.flows, &item->flow_id, HASH_FIND, NULL);
+
+		if (flow)
+			QueueOrEvict(flow);
+	}
+	list_free_deep(items);
+}
+
+/*
  * After the commit: the steps' successors are queued, closed flows are
  * dropped from memory, and whoever awaits them is woken.
  */
@@ -880,6 +957,7 @@ DwarfWorkerMain(Datum arg)
 		List	   *requests = NIL;
 		long		next_timer;
 		long		runner_timer;
+		long		sleeper_timer;
 		TimestampTz now;
 		int64		sleeper;
 
@@ -915,7 +993,7 @@ DwarfWorkerMain(Datum arg)
 		if (Worker.full_scan ||
 			(Worker.to_load != NIL &&
 			 (Worker.ready_count < DWARF_LOAD_CHUNK || !QueueHasRunnable())))
-			LoadFlows();
+			LoadAndQueue();
 		MemoryContextSwitchTo(Worker.batch_context);	/* whatever a commit above left */
 		(void) MoveDueTimers();
 		RunBatch(requests);
@@ -925,6 +1003,9 @@ DwarfWorkerMain(Datum arg)
 		MemoryContextReset(Worker.batch_context);
 
 		next_timer = MoveDueTimers();
+		sleeper_timer = SleepersNextMs();
+		if (sleeper_timer >= 0)	/* a flow to load again */
+			next_timer = next_timer < 0 ? sleeper_timer : Min(next_timer, sleeper_timer);
 		PublishPriority();
 
 		/*

@@ -1,8 +1,14 @@
 /*
  * worker.h
- *		Declarations shared by the files of a dwarf worker: worker.c (the
- *		loop and batches), queue.c (what runs next) and store.c (what it
- *		reads and writes).
+ *		Declarations shared by the files of a dwarf worker.  They are
+ *		layered, each using only those below it (scripts/module-deps.py
+ *		checks), from the bottom: crashes.c (steps that end their process);
+ *		sleepers.c (flows let go of until due); store.c (loads flows and
+ *		records steps, and never queues them); queue.c (what runs next);
+ *		lend.c (slow steps, lent to runners); step.c (one step); intake.c
+ *		(dwarf.run's creates); worker.c (the loop and batches, the only one
+ *		that queues what it loaded); runner.c (a runner, on worker.c's
+ *		batches).
  */
 #ifndef DWARF_WORKER_H
 #define DWARF_WORKER_H
@@ -46,6 +52,14 @@ typedef struct ReadyEntry
  */
 #define DWARF_LOAD_CHUNK	1000
 
+/*
+ * A flow with nothing to run sooner than this is evicted from memory; it is
+ * loaded again DWARF_WAKE_AHEAD_MS before it is due, so that its timer
+ * fires on time.
+ */
+#define DWARF_EVICT_AFTER_MS	5000
+#define DWARF_WAKE_AHEAD_MS		1000
+
 /* A flow to load: from a note, a run request or a table scan. */
 typedef struct LoadItem
 {
@@ -65,39 +79,24 @@ typedef struct Lent
 
 /*
  * A worker's (or a runner's) own state, shared by the worker's files; one
- * per process.
+ * per process.  A field a module keeps is marked with the module's name:
+ * only that module and those above it use it (scripts/module-deps.py
+ * checks); the rest are the process's own, set up once (globals.c).
  */
 typedef struct WorkerState
 {
 	DwarfWorkerSlot *slot;		/* our slot in shared memory */
-	bool		is_runner;		/* this process is a runner (runner.c) */
+	bool		is_runner;		/* this process is a runner, not a worker */
 	MemoryContext context;		/* flows, graphs, queue entries */
 	MemoryContext batch_context;	/* reset after each loop */
-	HTAB	   *flows;			/* FlowRun by id */
-	List	   *to_load;		/* LoadItems */
-	bool		full_scan;		/* load every running flow of ours */
+	HTAB	   *flows;			/* FlowRun by id (store.c) */
+	List	   *to_load;		/* LoadItems (store.c) */
+	bool		full_scan;		/* load every running flow of ours (store.c) */
 	int64		ready_count;	/* entries on the ready queue (queue.c) */
 	List	   *lent;			/* Lents (lend.c), in TopMemoryContext */
 } WorkerState;
 
 extern WorkerState Worker;
-
-/*
- * Has this flow a step at a runner?  Then no other step of it runs until
- * the runner is done: the runner works from the flow's committed steps, and
- * a step of the worker's meanwhile would make tokens the runner's copy
- * knows nothing of.
- */
-static inline bool
-FlowIsLent(int64 flow_id)
-{
-	ListCell   *lc;
-
-	foreach(lc, Worker.lent)
-		if (((Lent *) lfirst(lc))->flow_id == flow_id)
-			return true;
-	return false;
-}
 
 /* step.c */
 
@@ -134,6 +133,7 @@ extern bool StepWasStopped(void);
 
 /* worker.c */
 extern void WorkerInit(void);
+extern void QueueOrEvict(FlowRun *flow);
 extern void RunEntries(List *batch, bool isolated, bool alone, List *requests);
 extern bool RunAloneStep(void);
 
@@ -152,6 +152,7 @@ extern bool RunnerWants(FlowRun *flow, Token *token);
 extern bool RunnerLend(FlowRun *flow, Token *token);
 extern long RunnerPoll(void);
 extern void RunnerAdopt(void);
+extern bool FlowIsLent(int64 flow_id);
 extern void NoteTaskTime(GraphNode *node, int64 us);
 
 /* crashes.c */
@@ -168,10 +169,6 @@ extern void EnqueueRunnable(FlowRun *flow);
 extern ReadyEntry *NewReadyEntry(FlowRun *flow, Token *token);
 extern long MoveDueTimers(void);
 extern void UnqueueTimers(FlowRun *flow);
-extern void SleeperAdd(int64 flow_id, TimestampTz due);
-extern bool TakeDueSleeper(int64 *flow_id);
-extern void SleepersForget(void);
-extern int64 *SleeperIds(int *n);
 extern List *PopBatch(int max);
 extern void PublishPriority(void);
 extern int32 BestReadyPriority(void);
@@ -182,11 +179,17 @@ extern void ClearRunningPriority(void);
 extern bool QueueHasRunnable(void);
 extern bool QueueHasReady(void);
 
+/* sleepers.c */
+extern void SleeperAdd(int64 flow_id, TimestampTz due);
+extern bool TakeDueSleeper(int64 *flow_id);
+extern void SleepersForget(void);
+extern int64 *SleeperIds(int *n);
+extern long SleepersNextMs(void);
+
 /* store.c */
 extern void StoreInit(void);
 extern void PreparePlans(void);
-extern void LoadFlows(void);
-extern void QueueOrEvict(FlowRun *flow);
+extern List *LoadFlows(void);
 extern void ShrinkFlowTable(void);
 extern ErrorData *AbortAfterError(MemoryContext cxt);
 extern void FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row);
