@@ -98,26 +98,38 @@ NewReadyEntry(FlowRun *flow, Token *token)
 }
 
 /*
- * Queues every token of a running flow that can run and is not queued yet:
- * on the ready queue, or on the timer heap when it is due later.
+ * Queues the tokens of a running flow that can run and are not queued yet:
+ * on the ready queue, or on the timer heap when they are due later.  A
+ * flow has at most dwarf.batch_size tokens queued at a time, so that a
+ * wide fan-out (a for_each of 100,000 items) takes turns with the other
+ * flows of its fairness key instead of going before them all at once: the
+ * rest are queued as those run (a batch's flows are queued again after
+ * its commit).
  */
 void
 EnqueueRunnable(FlowRun *flow)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	ListCell   *lc;
+	dlist_iter	iter;
+	int			room = Max(dwarf_batch_size, 1);
 
 	if (flow->status != FLOW_RUNNING || FlowIsLent(flow->id))
 		return;					/* a lent flow is queued again when it returns */
-	foreach(lc, flow->tokens)
+	foreach_token(iter, flow)
+		if (iter_token(iter)->queued)
+			room--;
+	foreach_token(iter, flow)
 	{
-		Token	   *token = lfirst(lc);
+		Token	   *token = iter_token(iter);
 		ReadyEntry *entry;
 
+		if (room <= 0)
+			break;
 		if (token->queued || token->running || token->parked)
 			continue;
 		entry = NewReadyEntry(flow, token);
 		token->queued = true;
+		room--;
 		if (token->due > now)
 			pairingheap_add(Timers, &entry->ph);
 		else

@@ -142,14 +142,15 @@ ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit, int at)
 	while (at >= 0 && at < list_length(batch) &&
 		   ((ReadyEntry *) list_nth(batch, at))->flow_id == flow->id)
 		at++;
-	foreach(lc, flow->tokens)
+	/* only what the step placed: a flow of n branches is not scanned a step */
+	foreach(lc, flow->placed)
 	{
-		Token	   *token = lfirst(lc);
+		Token	   *token = FlowFindToken(flow, lfirst_int(lc));
 		ReadyEntry *entry;
 
 		if (list_length(batch) >= max)
 			break;
-		if (token->queued || token->running || token->parked)
+		if (token == NULL || token->queued || token->running || token->parked)
 			continue;
 		if (token->due > 0 && token->due > (now ? now : (now = GetCurrentTimestamp())))
 			continue;
@@ -478,8 +479,11 @@ BatchCommitted(Batch *b)
 			pg_atomic_fetch_add_u64(&Worker.slot->flows_closed, 1);
 			DropFlow(flow);
 		}
-		else
+		else if (flow->enqueued != Commits + 1)
+		{
+			flow->enqueued = Commits + 1;	/* once a flow a batch: it scans its tokens */
 			EnqueueRunnable(flow);
+		}
 	}
 	foreach(lc, b->broken)
 		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
