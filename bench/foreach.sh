@@ -39,8 +39,13 @@ SELECT dwarf.define('fe', '{"tasks": {"Start": "b.start", "Work": "b.work", "Joi
   "fan_in": ["Join"], "reducers": {"total": "add", "results": "append"}}');
 SQL
 sleep 2
-workers() { pgrep -f "dwarf worker" -u postgres | tr '\n' ' '; }
-hwm() { for p in $(workers); do grep VmHWM /proc/$p/status | awk '{print $2}'; done | sort -n | tail -1; }
+# the workers' peak resident memory, less the shared memory they touched
+workers() { pgrep -P "$(head -1 "$DIR/data/postmaster.pid")" -f "dwarf worker" | tr '\n' ' '; }
+hwm() {
+	for p in $(workers); do
+		awk '/VmHWM/ {h = $2} /RssShmem/ {s = $2} END {print h - s}' /proc/$p/status 2>/dev/null
+	done | sort -n | tail -1
+}
 for n in "$@"; do
 	id=$(psql -c "SELECT dwarf.create('fe', jsonb_build_object('items', (SELECT jsonb_agg(i) FROM generate_series(1, $n) i)))")
 	t0=$(date +%s.%N)
