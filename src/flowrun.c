@@ -508,7 +508,8 @@ Route(FlowRun *flow, Token *token, int target, Jsonb *state, bool owned)
 	SetTokenState(token, state, owned);
 	token->attempt = 1;
 	token->due = flow->next_due;
-	if (flow->placed == NIL || llast_int(flow->placed) != token->id)	/* a new token is there already */
+	/* placed: its successor (a token made by this step is listed already) */
+	if (flow->placed == NIL || llast_int(flow->placed) != token->id)
 		flow->placed = lappend_int(flow->placed, token->id);
 }
 

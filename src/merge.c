@@ -21,6 +21,7 @@
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
@@ -663,11 +664,17 @@ FoldChanges(Jsonb *state, int nchanges, Jsonb **changes,
 	f.reducers = reducers;
 	f.nreducers = nreducers;
 	f.size = VARSIZE(state);
-	f.cxt = AllocSetContextCreate(caller, "dwarf fold", ALLOCSET_DEFAULT_SIZES);
-	tmp = AllocSetContextCreate(f.cxt, "dwarf fold change", ALLOCSET_DEFAULT_SIZES);
+	/* one change (a step's merge) leaves its little garbage to the caller */
+	f.cxt = tmp = caller;
+	if (nchanges > 1)
+	{
+		f.cxt = AllocSetContextCreate(caller, "dwarf fold", ALLOCSET_DEFAULT_SIZES);
+		tmp = AllocSetContextCreate(f.cxt, "dwarf fold change", ALLOCSET_DEFAULT_SIZES);
+	}
 
 	for (i = 0; i < nchanges; i++)
 	{
+		CHECK_FOR_INTERRUPTS();
 		MemoryContextSwitchTo(tmp);
 		it = JsonbIteratorInit(&changes[i]->root);
 		while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
@@ -684,7 +691,8 @@ FoldChanges(Jsonb *state, int nchanges, Jsonb **changes,
 			f.size += acc->bytes - before;
 		}
 		MemoryContextSwitchTo(caller);
-		MemoryContextReset(tmp);
+		if (tmp != caller)
+			MemoryContextReset(tmp);
 		if (max_kb > 0 && f.size > (int64) max_kb * 1024)
 			ereport(ERROR,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -726,7 +734,8 @@ FoldChanges(Jsonb *state, int nchanges, Jsonb **changes,
 			PushField(&ps, acc);
 	}
 	result = JsonbValueToJsonb(pushJsonbValue(&ps, WJB_END_OBJECT, NULL));
-	MemoryContextDelete(f.cxt);
+	if (f.cxt != caller)
+		MemoryContextDelete(f.cxt);
 	return result;
 }
 
