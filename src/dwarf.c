@@ -13,6 +13,7 @@
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/guc.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
@@ -192,7 +193,7 @@ _PG_init(void)
 							"Steps a flow may take; its next one fails it.",
 							"Every step counts, each attempt of a retry too, so that a task that goes to itself or retries without end cannot write rows for ever.",
 							&dwarf_max_flow_steps,
-							100000, 1, INT_MAX,
+							250000, 1, INT_MAX,
 							PGC_SUSET,
 							0,
 							NULL, NULL, NULL);
@@ -201,9 +202,18 @@ _PG_init(void)
 							"Branches one step's for_each edges may start.",
 							"A step whose for_each arrays hold more elements fails, as if its task had raised: its on_error edges are taken.",
 							&dwarf_max_for_each,
-							10000, 1, INT_MAX,
+							100000, 1, INT_MAX,
 							PGC_SUSET,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.max_state_size",
+							"Largest state dwarf.fold_changes and dwarf.state_at build.",
+							"A fold that would build a larger state fails with an error that names this setting, before it takes the memory.",
+							&dwarf_max_state_size,
+							65536, 1, MaxAllocSize / 1024,
+							PGC_SUSET,
+							GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("dwarf.min_retry_delay",

@@ -43,6 +43,7 @@ extern char *dwarf_archive_after;
 extern char *dwarf_retention;
 extern int	dwarf_max_flow_steps;
 extern int	dwarf_max_for_each;
+extern int	dwarf_max_state_size;	/* kB a folded state may take */
 extern int	dwarf_min_retry_delay;
 
 /*

@@ -84,6 +84,12 @@ SetTokenState(Token *token, Jsonb *state, bool owned)
 	token->own_state = owned;
 }
 
+/*
+ * A new token, placed (the step's successors are looked for among the
+ * placed tokens).  Tokens are found by id through flow->by_id and dropped
+ * from a doubly linked list, so that a flow of n branches costs O(1) a
+ * step, not O(n).
+ */
 static Token *
 NewToken(FlowRun *flow, int node, Jsonb *state, Cohort *cohort, int branch,
 		 List *deltas)
@@ -98,7 +104,26 @@ NewToken(FlowRun *flow, int node, Jsonb *state, Cohort *cohort, int branch,
 	token->cohort = cohort;
 	token->branch = branch;
 	token->deltas = deltas;
-	flow->tokens = lappend(flow->tokens, token);
+	if (token->id >= flow->by_id_size)
+	{
+		int			size = Max(8, flow->by_id_size * 2);
+
+		while (size <= token->id)
+			size *= 2;
+		if (flow->by_id == NULL)
+			flow->by_id = palloc0(sizeof(Token *) * size);
+		else
+		{
+			flow->by_id = repalloc(flow->by_id, sizeof(Token *) * size);
+			memset(flow->by_id + flow->by_id_size, 0,
+				   sizeof(Token *) * (size - flow->by_id_size));
+		}
+		flow->by_id_size = size;
+	}
+	flow->by_id[token->id] = token;
+	dlist_push_tail(&flow->tokens, &token->node_in_flow);
+	flow->ntokens++;
+	flow->placed = lappend_int(flow->placed, token->id);
 	return token;
 }
 
@@ -108,8 +133,24 @@ DropToken(FlowRun *flow, Token *token, Jsonb *keep)
 {
 	if (token->own_state && token->state && token->state != keep)
 		pfree(token->state);
-	flow->tokens = list_delete_ptr(flow->tokens, token);
+	if (flow->status == FLOW_RUNNING)	/* a closed flow forgot its tokens */
+	{
+		dlist_delete(&token->node_in_flow);
+		flow->by_id[token->id] = NULL;
+		flow->ntokens--;
+	}
 	pfree(token);
+}
+
+/* Forgets every token (the flow closed, or is freed). */
+static void
+ForgetTokens(FlowRun *flow)
+{
+	dlist_init(&flow->tokens);
+	flow->ntokens = 0;
+	flow->by_id = NULL;
+	flow->by_id_size = 0;
+	flow->placed = NIL;
 }
 
 /* Sets up a flow that starts at task start with its input as state. */
@@ -126,7 +167,8 @@ FlowRunCreate(FlowRun *flow, Graph *graph, int start, Jsonb *input, MemoryContex
 	flow->next_token = 0;
 	flow->next_due = 0;
 	flow->steps = 0;
-	flow->tokens = NIL;
+	flow->enqueued = 0;
+	ForgetTokens(flow);
 	old = MemoryContextSwitchTo(flow->cxt);
 	NewToken(flow, start, (Jsonb *) PG_DETOAST_DATUM_COPY(JsonbPGetDatum(input)),
 			 NULL, 0, NIL);
@@ -139,7 +181,7 @@ FlowRunFree(FlowRun *flow)
 {
 	MemoryContextDelete(flow->cxt);
 	flow->cxt = NULL;
-	flow->tokens = NIL;
+	ForgetTokens(flow);
 }
 
 /*
@@ -152,24 +194,18 @@ FlowStateSoFar(FlowRun *flow)
 {
 	if (flow->status != FLOW_RUNNING)
 		return flow->final_state;
-	if (list_length(flow->tokens) == 1)
-		return FlowTokenState(flow, linitial(flow->tokens));
+	if (flow->ntokens == 1)
+		return FlowTokenState(flow, dlist_head_element(Token, node_in_flow, &flow->tokens));
 	return NULL;
 }
 
+/* A live token of the flow by its id, or NULL. */
 Token *
 FlowFindToken(FlowRun *flow, int token_id)
 {
-	ListCell   *lc;
-
-	foreach(lc, flow->tokens)
-	{
-		Token	   *token = lfirst(lc);
-
-		if (token->id == token_id)
-			return token;
-	}
-	return NULL;
+	if (token_id < 0 || token_id >= flow->by_id_size)
+		return NULL;
+	return flow->by_id[token_id];
 }
 
 /* Closes the flow; its remaining tokens will never run. */
@@ -179,7 +215,9 @@ CloseFlow(FlowRun *flow, FlowStatus status, Jsonb *state, const char *error)
 	flow->status = status;
 	flow->final_state = state;
 	flow->error = error ? pstrdup(error) : NULL;
-	flow->tokens = NIL;
+	if (flow->by_id)
+		pfree(flow->by_id);
+	ForgetTokens(flow);
 }
 
 /* Does a when/switch predicate hold on the state?  Unknown counts as no. */
@@ -313,7 +351,9 @@ ExpandBranches(FlowRun *flow, List *edges, Jsonb *state, int *converge,
 /*
  * The state a token's next step starts from.  A for_each branch that has
  * not run yet makes it now: the fork's state with its element, index and
- * count.
+ * count, less the array it forks over (it comes back at the fan-in, from
+ * the fork's state): a branch that carried the array would cost O(n), and
+ * the fan-out O(n^2).
  */
 Jsonb *
 FlowTokenState(FlowRun *flow, Token *token)
@@ -321,20 +361,35 @@ FlowTokenState(FlowRun *flow, Token *token)
 	if (token->state == NULL)
 	{
 		MemoryContext old;
-		const char *keys[3];
+		const char *keys[4];
 		JsonbValue	values[3];
+		JsonbParseState *ps = NULL;
 		Jsonb	   *made;
+		int			i;
 
 		EnterScratch(&old);
 		keys[0] = token->each_edge->as;
 		keys[1] = psprintf("%sIndex", token->each_edge->as);
 		keys[2] = psprintf("%sCount", token->each_edge->as);
+		keys[3] = token->each_edge->for_each;
 		values[0] = token->each_element;
 		values[1].type = jbvNumeric;
 		values[1].val.numeric = int64_to_numeric(token->each_index);
 		values[2].type = jbvNumeric;
 		values[2].val.numeric = int64_to_numeric(token->each_count);
-		made = JsonbWithKeys(token->cohort->fork_state, 3, keys, values);
+		pushJsonbValue(&ps, WJB_BEGIN_OBJECT, NULL);
+		JsonbPushPairsExcept(&ps, &token->cohort->fork_state->root, 4, keys);
+		for (i = 0; i < 3; i++)
+		{
+			JsonbValue	k;
+
+			k.type = jbvString;
+			k.val.string.val = (char *) keys[i];
+			k.val.string.len = strlen(keys[i]);
+			pushJsonbValue(&ps, WJB_KEY, &k);
+			pushJsonbValue(&ps, WJB_VALUE, &values[i]);
+		}
+		made = JsonbValueToJsonb(pushJsonbValue(&ps, WJB_END_OBJECT, NULL));
 		MemoryContextSwitchTo(flow->cxt);
 		token->state = Keep(made, NULL);
 		token->own_state = true;
@@ -371,6 +426,7 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state, bool owned)
 		((Edge *) linitial(edges))->nto == 1)
 	{
 		Route(flow, token, ((Branch *) linitial(branches))->target, state, owned);
+		list_free_deep(branches);
 		return;
 	}
 
@@ -416,8 +472,9 @@ Fire(FlowRun *flow, Token *token, List *edges, Jsonb *state, bool owned)
 			Route(flow, t, br->target, NULL, false);
 		}
 		if (flow->status != FLOW_RUNNING)
-			return;
+			break;
 	}
+	list_free_deep(branches);
 }
 
 /*
@@ -451,21 +508,32 @@ Route(FlowRun *flow, Token *token, int target, Jsonb *state, bool owned)
 	SetTokenState(token, state, owned);
 	token->attempt = 1;
 	token->due = flow->next_due;
+	/* placed: its successor (a token made by this step is listed already) */
+	if (flow->placed == NIL || llast_int(flow->placed) != token->id)
+		flow->placed = lappend_int(flow->placed, token->id);
 }
 
 /*
  * A branch of a cohort arrived at a fan-in (fan_in >= 0) or ended.  When it
- * was the last, the cohort's changes are merged in branch order onto the
- * forking state, and one token goes on: at the fan-in, or, when no branch
- * reached one, as the end of the forking token's own branch.
+ * was the last, the cohort's changes are folded in branch order onto the
+ * forking state, in one pass (FoldChanges: O(n) for n branches, where a
+ * merge per change would copy the growing state n times), and one token
+ * goes on: at the fan-in, or, when no branch reached one, as the end of the
+ * forking token's own branch.
  */
 static void
 BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 		   Jsonb *state, int fan_in)
 {
 	Jsonb	   *merged;
-	List	   *all_deltas;
-	int			b;
+	Jsonb	  **changes;
+	List	   *all_deltas = NIL;
+	const char **keys;
+	int			nchanges = 0,
+				nkeys = 0,
+				b;
+	ListCell   *lc;
+	MemoryContext old;
 
 	cohort->deltas[branch] = deltas;
 	if (fan_in >= 0 && cohort->fan_in < 0)
@@ -473,43 +541,31 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 	if (--cohort->pending > 0)
 		return;
 
-	/* Each step of the fold frees the one before: one copy at a time. */
-	merged = cohort->fork_state;
-	all_deltas = list_copy(cohort->parent_deltas);
 	for (b = 0; b < cohort->nbranches; b++)
-	{
-		ListCell   *lc;
-
+		nchanges += list_length(cohort->deltas[b]);
+	changes = palloc(sizeof(Jsonb *) * Max(nchanges, 1));
+	nchanges = 0;
+	if (cohort->parent != NULL)
+		all_deltas = list_copy(cohort->parent_deltas);
+	for (b = 0; b < cohort->nbranches; b++)
 		foreach(lc, cohort->deltas[b])
 		{
-			Jsonb	   *next = Merged(flow, merged, lfirst(lc));
-
-			if (merged != cohort->fork_state && merged != next)
-				pfree(merged);
-			merged = next;
-			all_deltas = lappend(all_deltas, lfirst(lc));
+			changes[nchanges++] = lfirst(lc);
+			if (cohort->parent != NULL)
+				all_deltas = lappend(all_deltas, lfirst(lc));
 		}
-	}
+	keys = palloc(sizeof(char *) * Max(list_length(cohort->drop_keys), 1));
+	foreach(lc, cohort->drop_keys)
+		keys[nkeys++] = lfirst(lc);
 
-	if (cohort->drop_keys != NIL)
-	{
-		int			nkeys = list_length(cohort->drop_keys);
-		const char **keys = palloc(sizeof(char *) * nkeys);
-		ListCell   *lc;
-		MemoryContext old;
-		Jsonb	   *made;
-
-		b = 0;
-		foreach(lc, cohort->drop_keys)
-			keys[b++] = lfirst(lc);
-		EnterScratch(&old);
-		made = JsonbWithoutKeys(merged, nkeys, keys);
-		MemoryContextSwitchTo(old);
-		made = Keep(made, merged);
-		if (merged != cohort->fork_state && merged != made)
-			pfree(merged);
-		merged = made;
-	}
+	EnterScratch(&old);
+	merged = FoldChanges(cohort->fork_state, nchanges, changes,
+						 flow->graph->reducers, flow->graph->nreducers,
+						 nkeys, keys, 0);
+	MemoryContextSwitchTo(old);
+	merged = Keep(merged, cohort->fork_state);
+	pfree(changes);
+	pfree(keys);
 	if (merged != cohort->fork_state && cohort->own_fork)
 	{
 		pfree(cohort->fork_state);	/* every branch is done with it */
@@ -519,7 +575,7 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 	if (cohort->fan_in >= 0)
 	{
 		Token	   *t = NewToken(flow, cohort->fan_in, merged, cohort->parent,
-								 cohort->parent_branch, cohort->parent ? all_deltas : NIL);
+								 cohort->parent_branch, all_deltas);
 
 		t->own_state = merged != cohort->fork_state || cohort->own_fork;
 	}
@@ -527,6 +583,16 @@ BranchDone(FlowRun *flow, Cohort *cohort, int branch, List *deltas,
 		CloseFlow(flow, FLOW_COMPLETED, merged, NULL);
 	else
 		BranchDone(flow, cohort->parent, cohort->parent_branch, all_deltas, merged, -1);
+
+	/* At the top level no one holds the branches' changes any more. */
+	if (cohort->parent == NULL)
+	{
+		for (b = 0; b < cohort->nbranches; b++)
+			list_free_deep(cohort->deltas[b]);
+		pfree(cohort->deltas);
+		list_free(cohort->drop_keys);	/* each edge's "as" is the graph's */
+		pfree(cohort);
+	}
 }
 
 /* The message of an error document, for the flow's error column. */
@@ -647,11 +713,14 @@ TakeChanges(FlowRun *flow, Token *token, StepOutcome *outcome, Jsonb *changes,
 			if (state != before)
 				pfree(state);
 			pfree(changes);
+			list_free(edges);
 			return width;
 		}
 	}
 	if (token->cohort != NULL)
 		token->deltas = lappend(token->deltas, changes);
+	else
+		pfree(changes);			/* merged: a top-level token keeps no deltas */
 
 	if (outcome->kind == OUTCOME_RETRY)
 	{
@@ -659,6 +728,7 @@ TakeChanges(FlowRun *flow, Token *token, StepOutcome *outcome, Jsonb *changes,
 		SetTokenState(token, state, owned);
 		token->attempt++;
 		token->due = outcome->wake_at;
+		flow->placed = lappend_int(flow->placed, token->id);
 		return 0;
 	}
 
@@ -667,6 +737,8 @@ TakeChanges(FlowRun *flow, Token *token, StepOutcome *outcome, Jsonb *changes,
 	flow->next_due = outcome->wake_at;
 	Fire(flow, token, edges, state, owned);
 	flow->next_due = 0;
+	if (outcome->kind == OUTCOME_OK)
+		list_free(edges);		/* FiringEdges made it */
 	return 0;
 }
 
@@ -699,6 +771,7 @@ TakeError(FlowRun *flow, Token *token, StepOutcome *outcome)
 	err.val.binary.len = VARSIZE(outcome->error) - VARHDRSZ;
 	(void) TakeChanges(flow, token, outcome,
 					   JsonbWithKeys(JsonbEmptyObject(), 1, &key, &err), edges);
+	list_free(edges);
 }
 
 /*
@@ -724,6 +797,8 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 	MemoryContext old = MemoryContextSwitchTo(flow->cxt);
 	int64		width;
 
+	list_free(flow->placed);
+	flow->placed = NIL;
 	if (outcome->kind != OUTCOME_RESUMED && flow->steps >= dwarf_max_flow_steps &&
 		!RefusedOn(outcome, "dwarf.max_flow_steps"))
 		RefuseStep(flow, token, outcome, caller, "dwarf.max_flow_steps",
@@ -759,6 +834,7 @@ FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome)
 			token->due = 0;
 			token->resumes = lappend(token->resumes,
 									 PG_DETOAST_DATUM_COPY(JsonbPGetDatum(outcome->signal)));
+			flow->placed = lappend_int(flow->placed, token->id);
 			break;
 		case OUTCOME_ERROR:
 			TakeError(flow, token, outcome);

@@ -8,6 +8,7 @@
 
 #include "access/htup.h"
 #include "access/tupdesc.h"
+#include "lib/ilist.h"
 #include "lib/pairingheap.h"
 #include "utils/timestamp.h"
 
@@ -27,6 +28,7 @@ typedef struct Cohort Cohort;
 /* A token is one branch's position: the task it runs next and its state. */
 typedef struct Token
 {
+	dlist_node	node_in_flow;	/* in FlowRun.tokens */
 	int			id;				/* flow-local, assigned in step order */
 	int			node;
 	int			attempt;
@@ -84,7 +86,14 @@ typedef struct FlowRun
 	char	   *error;
 	int			next_token;
 	TimestampTz next_due;		/* for tokens placed by the current step */
-	List	   *tokens;			/* live tokens */
+	dlist_head	tokens;			/* live tokens, in the order they were made */
+	int			ntokens;
+	Token	  **by_id;			/* live tokens by id (NULL: gone), next_token
+								 * of them */
+	int			by_id_size;		/* allocated */
+	List	   *placed;			/* ids of the tokens the last step placed,
+								 * made or moved (its successors) */
+	uint64		enqueued;		/* the worker's mark: queued after this batch */
 	MemoryContext cxt;
 } FlowRun;
 
@@ -116,6 +125,10 @@ extern Jsonb *FlowTokenState(FlowRun *flow, Token *token);
 extern void FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome);
 extern void FlowRunFree(FlowRun *flow);
 extern Jsonb *FlowStateSoFar(FlowRun *flow);
+
+/* Each live token of a flow, in the order they were made. */
+#define foreach_token(iter, flow) dlist_foreach(iter, &(flow)->tokens)
+#define iter_token(iter) dlist_container(Token, node_in_flow, (iter).cur)
 
 /* store.c: the step rows replay reads, and one row's replay. */
 /* The columns of STEP_ROWS_SQL and STEP_ROWS_ALL_SQL, from 1 as SPI counts. */

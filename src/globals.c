@@ -22,8 +22,9 @@ int			dwarf_step_crashes = 3;
 int			dwarf_max_step_time = 3600000;
 char	   *dwarf_archive_after = NULL;
 char	   *dwarf_retention = NULL;
-int			dwarf_max_flow_steps = 100000;
-int			dwarf_max_for_each = 10000;
+int			dwarf_max_flow_steps = 250000;
+int			dwarf_max_for_each = 100000;
+int			dwarf_max_state_size = 65536;
 int			dwarf_min_retry_delay = 100;
 
 /* this process's state as a worker (or runner): see worker.h */

@@ -104,5 +104,8 @@ extern Edge *GraphGotoEdge(Graph *graph, int from, int to);
 
 extern Jsonb *MergeChanges(Jsonb *state, Jsonb *changes,
 						   Reducer *reducers, int nreducers);
+extern Jsonb *FoldChanges(Jsonb *state, int nchanges, Jsonb **changes,
+						  Reducer *reducers, int nreducers,
+						  int ndrop, const char **drop, int max_kb);
 
 #endif							/* DWARF_GRAPH_H */

@@ -98,26 +98,36 @@ NewReadyEntry(FlowRun *flow, Token *token)
 }
 
 /*
- * Queues every token of a running flow that can run and is not queued yet:
- * on the ready queue, or on the timer heap when it is due later.  Not for
- * a flow with a step at a runner (FlowIsLent, lend.c): the worker queues
- * it again when the runner is done.
+ * Queues the tokens of a running flow that can run and are not queued yet:
+ * on the ready queue, or on the timer heap when they are due later.  A
+ * flow has at most dwarf.batch_size tokens on the ready queue at a time, so
+ * that a wide fan-out (a for_each of 100,000 items) takes turns with the
+ * other flows of its fairness key instead of going before them all at
+ * once: the rest are queued as those run (a batch's flows are queued again
+ * after its commit).  Not for a flow with a step at a runner (FlowIsLent,
+ * lend.c): the worker queues it again when the runner is done.
  */
 void
 EnqueueRunnable(FlowRun *flow)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	ListCell   *lc;
+	dlist_iter	iter;
+	int			room = Max(dwarf_batch_size, 1);
 
 	if (flow->status != FLOW_RUNNING)
 		return;
-	foreach(lc, flow->tokens)
+	foreach_token(iter, flow)
+		if (iter_token(iter)->queued && iter_token(iter)->timer == NULL)
+			room--;
+	foreach_token(iter, flow)
 	{
-		Token	   *token = lfirst(lc);
+		Token	   *token = iter_token(iter);
 		ReadyEntry *entry;
 
 		if (token->queued || token->running || token->parked)
 			continue;
+		if (token->due <= now && room <= 0)
+			continue;			/* queued after a later commit */
 		entry = NewReadyEntry(flow, token);
 		token->queued = true;
 		if (token->due > now)
@@ -126,7 +136,10 @@ EnqueueRunnable(FlowRun *flow)
 			token->timer = entry;
 		}
 		else
+		{
 			MakeReady(entry);
+			room--;
+		}
 	}
 }
 
@@ -137,11 +150,11 @@ EnqueueRunnable(FlowRun *flow)
 void
 UnqueueTimers(FlowRun *flow)
 {
-	ListCell   *lc;
+	dlist_iter	iter;
 
-	foreach(lc, flow->tokens)
+	foreach_token(iter, flow)
 	{
-		Token	   *token = lfirst(lc);
+		Token	   *token = iter_token(iter);
 
 		if (token->timer == NULL)
 			continue;

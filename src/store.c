@@ -320,13 +320,24 @@ ReplaySteps(FlowRun *flow)
 	Datum		arg = Int64GetDatum(flow->id);
 	uint64		i;
 	SPITupleTable *tuptable;
+	MemoryContext row_cxt;
+	MemoryContext old;
 
 	if (SPI_execute_plan(LoadStepsPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not read the steps of flow " INT64_FORMAT, flow->id);
 	tuptable = SPI_tuptable;
+	/* what a row's replay reads is dropped after it: the flow keeps its own */
+	row_cxt = AllocSetContextCreate(CurrentMemoryContext, "dwarf replay row",
+									ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(row_cxt);
 	for (i = 0; i < SPI_processed && flow->status == FLOW_RUNNING; i++)
+	{
 		if (!ReplayStepRow(flow, tuptable->vals[i], tuptable->tupdesc))
 			break;
+		MemoryContextReset(row_cxt);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(row_cxt);
 }
 
 /*
@@ -389,11 +400,11 @@ ParkRow(FlowRun *flow, Token *token)
 static Token *
 FirstParked(FlowRun *flow)
 {
-	ListCell   *lc;
+	dlist_iter	iter;
 
-	foreach(lc, flow->tokens)
+	foreach_token(iter, flow)
 	{
-		Token	   *token = lfirst(lc);
+		Token	   *token = iter_token(iter);
 
 		if (token->parked && token->child == 0)
 			return token;
@@ -509,14 +520,14 @@ AddFlow(const FlowRow *row, bool replay)
 	flow->parent_id = row->parent_id;
 	if (replay)
 	{
-		ListCell   *lc;
+		dlist_iter	iter;
 
 		ReplaySteps(flow);
 
 		/* A step that waits for a child that has closed (or gone) runs again. */
-		foreach(lc, flow->tokens)
+		foreach_token(iter, flow)
 		{
-			Token	   *token = lfirst(lc);
+			Token	   *token = iter_token(iter);
 			Datum		child = Int64GetDatum(token->child);
 			bool		isnull;
 

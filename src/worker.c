@@ -142,14 +142,15 @@ ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit, int at)
 	while (at >= 0 && at < list_length(batch) &&
 		   ((ReadyEntry *) list_nth(batch, at))->flow_id == flow->id)
 		at++;
-	foreach(lc, flow->tokens)
+	/* only what the step placed: a flow of n branches is not scanned a step */
+	foreach(lc, flow->placed)
 	{
-		Token	   *token = lfirst(lc);
+		Token	   *token = FlowFindToken(flow, lfirst_int(lc));
 		ReadyEntry *entry;
 
 		if (list_length(batch) >= max)
 			break;
-		if (token->queued || token->running || token->parked)
+		if (token == NULL || token->queued || token->running || token->parked)
 			continue;
 		if (token->due > 0 && token->due > (now ? now : (now = GetCurrentTimestamp())))
 			continue;
@@ -464,14 +465,14 @@ static bool
 FlowSleeps(FlowRun *flow, TimestampTz *wake)
 {
 	TimestampTz later = GetCurrentTimestamp() + (TimestampTz) DWARF_EVICT_AFTER_MS * 1000;
-	ListCell   *lc;
+	dlist_iter	iter;
 
 	*wake = 0;
-	if (Worker.is_runner || flow->status != FLOW_RUNNING || flow->tokens == NIL)
+	if (Worker.is_runner || flow->status != FLOW_RUNNING || flow->ntokens == 0)
 		return false;
-	foreach(lc, flow->tokens)
+	foreach_token(iter, flow)
 	{
-		Token	   *token = lfirst(lc);
+		Token	   *token = iter_token(iter);
 
 		if (token->running || (token->queued && token->timer == NULL))
 			return false;
@@ -555,8 +556,11 @@ BatchCommitted(Batch *b)
 			pg_atomic_fetch_add_u64(&Worker.slot->flows_closed, 1);
 			DropFlow(flow);
 		}
-		else
-			QueueOrEvict(flow);	/* evicted when it sleeps or waits */
+		else if (flow->enqueued != Commits + 1)
+		{
+			flow->enqueued = Commits + 1;	/* once a flow a batch: it scans its tokens */
+			QueueOrEvict(flow); /* evicted when it sleeps or waits */
+		}
 	}
 	foreach(lc, b->broken)
 		NoteLoad(((ReadyEntry *) lfirst(lc))->flow_id, true);
