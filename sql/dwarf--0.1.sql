@@ -45,6 +45,8 @@ CREATE TABLE dwarf.flow (
 	start_task	text,
 	parent_id	bigint,
 	parent_key	text,
+	root_id		bigint,
+	tree_flows	int NOT NULL DEFAULT 1,
 	created_at	timestamptz NOT NULL DEFAULT now(),
 	finished_at timestamptz
 ) WITH (fillfactor = 90);
@@ -52,6 +54,7 @@ CREATE UNIQUE INDEX flow_idempotency_key ON dwarf.flow (owner, idempotency_key)
 	WHERE idempotency_key IS NOT NULL;
 CREATE INDEX flow_thread ON dwarf.flow (thread, id) WHERE thread IS NOT NULL;
 CREATE UNIQUE INDEX flow_parent ON dwarf.flow (parent_id, parent_key) WHERE parent_id IS NOT NULL;
+CREATE INDEX flow_root ON dwarf.flow (root_id) WHERE root_id IS NOT NULL;
 COMMENT ON TABLE dwarf.flow IS
 	'One row per flow. Written when the flow is created and when it closes; '
 	'a running flow''s progress lives in dwarf.step';
@@ -69,6 +72,12 @@ COMMENT ON COLUMN dwarf.flow.start_task IS
 	'The task the flow starts at, when not the graph''s entry (dwarf.fork)';
 COMMENT ON COLUMN dwarf.flow.parent_id IS
 	'For a child flow started by dwarf.subgraph: the parent flow (parent_key: which call)';
+COMMENT ON COLUMN dwarf.flow.root_id IS
+	'For a child flow: the flow at the top of its tree of subgraphs (NULL for that flow itself), '
+	'so that dwarf.cancel stops a whole tree with one statement';
+COMMENT ON COLUMN dwarf.flow.tree_flows IS
+	'On a flow that started subgraphs: how many flows its tree has had, itself included '
+	'(capped by dwarf.max_tree_flows)';
 
 CREATE SEQUENCE dwarf.step_seq CACHE 64;
 

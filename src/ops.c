@@ -77,10 +77,11 @@ DWARF_FUNCTION(dwarf_cancel);
 
 /*
  * dwarf.cancel(flow, reason): stops a running or interrupted flow, and the
- * flows it started with dwarf.subgraph.  Returns true when it cancelled
- * it, false when it had already closed, so that a query can cancel many
- * flows at once (SELECT dwarf.cancel(id) FROM ...) whatever became of
- * each; a flow the caller cannot see is an error.
+ * flows it started with dwarf.subgraph, at any depth, and those they start
+ * while the cancel runs (CancelDescendants).  Returns true when it
+ * cancelled it, false when it had already closed, so that a query can
+ * cancel many flows at once (SELECT dwarf.cancel(id) FROM ...) whatever
+ * became of each; a flow the caller cannot see is an error.
  */
 Datum
 dwarf_cancel(PG_FUNCTION_ARGS)
@@ -105,39 +106,30 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	Connect();
 	(void) VisibleFlowStatus(flow_id);
 
+	/*
+	 * The flow first, on its own: once its row is ours, no child can start
+	 * under it (nor, for the top of a tree, anywhere in the tree).
+	 */
 	saved = BecomeOwner();
 	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
-		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id",
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id, root_id",
 		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
 	cancelled = SPI_processed == 1;
 	if (cancelled)
 	{
-		uint64		i;
 		bool		isnull;
 		Datum		parent = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		Datum		root;
+		bool		no_root;
 
 		/* A parent waiting in dwarf.subgraph runs its task again, and sees why. */
 		if (!isnull)
 			NoteOnCommit(DatumGetInt64(parent), NOTE_RELOAD_FLOW, false);
+		root = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &no_root);
 
 		/* Child flows started by dwarf.subgraph go with their parent. */
-		Exec("WITH RECURSIVE tree AS ("
-			 "  SELECT id FROM dwarf.flow WHERE parent_id = $1"
-			 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id)"
-			 " UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(),"
-			 "  cancel_reason = 'parent flow ' || $1 || ' cancelled'"
-			 " WHERE id IN (SELECT id FROM tree) AND status IN ('running', 'interrupted')"
-			 " RETURNING id",
-			 1, types, args, NULL, SPI_OK_UPDATE_RETURNING);
-		for (i = 0; i < SPI_processed; i++)
-		{
-			bool		isnull;
-			int64		child = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-															SPI_tuptable->tupdesc, 1, &isnull));
-
-			NoteOnCommit(child, NOTE_RELOAD_FLOW, true);
-			StopRunningStepOnCommit(child);
-		}
+		(void) CancelDescendants(flow_id, no_root ? flow_id : DatumGetInt64(root),
+								 psprintf("parent flow " INT64_FORMAT " cancelled", flow_id));
 	}
 	RestoreUser(saved);
 	SPI_finish();
@@ -317,6 +309,9 @@ dwarf_fork(PG_FUNCTION_ARGS)
 		values[1].val.string.len = strlen(thread);
 		nkeys++;
 	}
+	CheckPriorityOf(GetUserId(),
+					DatumGetInt32(SPI_getbinval(tup, desc, Anum_forkstep_priority, &isnull)),
+					"dwarf.fork");
 	id = InsertFlow(NewFlowId(), graph_id, GetUserId(),
 					DatumGetInt32(SPI_getbinval(tup, desc, Anum_forkstep_priority, &isnull)),
 					NULL, state, JsonbWithKeys(JsonbEmptyObject(), nkeys, keys, values),
@@ -392,6 +387,7 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	thread = SPI_getvalue(tup, desc, Anum_continued_thread);
 	d = SPI_getbinval(tup, desc, Anum_continued_state, &isnull);
 	priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_continued_priority, &isnull));
+	CheckPriorityOf(GetUserId(), priority, "dwarf.continue");
 	graph_id = LatestGraph(DatumGetTextPP(SPI_getbinval(tup, desc, Anum_continued_graph_name,
 														&isnull)), false);
 	state = MergeOverrides(DatumGetJsonbP(d), PG_GETARG_JSONB_P(1), graph_id);

@@ -29,6 +29,7 @@
 #include "access/xlog.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
@@ -38,6 +39,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/acl.h"
@@ -692,6 +694,80 @@ BatchTakesRequests(void)
 /* ---------- notes and the main loop ---------- */
 
 /*
+ * Acts on the trees named by NOTE_CANCEL_TREE and NOTE_TREE_CAP notes, in a
+ * transaction of its own: a tree that met dwarf.max_tree_flows fails (its
+ * top) and is cancelled (the rest), and the flows of a cancelled tree that
+ * this worker holds are dropped from memory, their waiters woken.  One
+ * statement per tree, however many flows it holds, so that a cancel of
+ * 100,000 flows costs each worker one index scan, not 100,000 notes.
+ */
+static void
+HandleTreeNotes(List *cancelled, List *capped)
+{
+	MemoryContext outer = CurrentMemoryContext;
+	Oid			types[3] = {INT8OID, INT4OID, INT4OID};
+	int64	   *woken = NULL;
+	int			nwoken = 0;
+	ListCell   *lc;
+
+	if (cancelled == NIL && capped == NIL)
+		return;
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	Connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: cancelling trees of flows");
+	foreach(lc, capped)
+		FailTreeOnCap(*(int64 *) lfirst(lc));
+	foreach(lc, cancelled)
+	{
+		Datum		args[3] = {Int64GetDatum(*(int64 *) lfirst(lc)), Int32GetDatum(dwarf_workers),
+		Int32GetDatum(Worker.slot->index)};
+		uint64		i;
+
+		Exec("SELECT id FROM dwarf.flow WHERE (id = $1 OR root_id = $1)"
+			 " AND status NOT IN ('running', 'interrupted')"
+			 " AND ((id & 281474976710655) % $2) = $3",
+			 3, types, args, NULL, SPI_OK_SELECT);
+		woken = woken ? repalloc(woken, sizeof(int64) * (nwoken + SPI_processed + 1)) :
+			MemoryContextAlloc(outer, sizeof(int64) * (SPI_processed + 1));
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														 SPI_tuptable->tupdesc, 1, &isnull));
+			FlowRun    *flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
+
+			if (flow)
+				DropFlow(flow);
+			woken[nwoken++] = id;
+		}
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(outer);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	if (nwoken > 0)
+		DwarfWakeWaiters(woken, nwoken);
+}
+
+/* Adds a flow id to a list of them, once. */
+static List *
+AddTree(List *trees, int64 root)
+{
+	ListCell   *lc;
+	int64	   *item;
+
+	foreach(lc, trees)
+		if (*(int64 *) lfirst(lc) == root)
+			return trees;
+	item = palloc(sizeof(int64));
+	*item = root;
+	return lappend(trees, item);
+}
+
+/*
  * Takes the notes queued for this worker: flows to load or reload, and
  * dwarf.run callers waiting for their create.  Returns whether any came.
  */
@@ -702,6 +778,8 @@ DrainNotes(List **requests)
 	int			n,
 				i;
 	bool		any = false;
+	List	   *cancelled = NIL;
+	List	   *capped = NIL;
 
 	do
 	{
@@ -737,9 +815,16 @@ DrainNotes(List **requests)
 				case NOTE_RUN_REQUEST:
 					*requests = lappend_int(*requests, (int) notes[i].flow_id);
 					break;
+				case NOTE_CANCEL_TREE:
+					cancelled = AddTree(cancelled, notes[i].flow_id);
+					break;
+				case NOTE_TREE_CAP:
+					capped = AddTree(capped, notes[i].flow_id);
+					break;
 			}
 		}
 	} while (n == lengthof(notes));
+	HandleTreeNotes(cancelled, capped);
 	return any || Worker.full_scan;
 }
 
@@ -758,6 +843,16 @@ ExitIfNotInstalled(void)
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	extension = get_extension_oid("dwarf", true);
+
+	/*
+	 * A DROP EXTENSION in progress holds this lock (dwarf.c): wait for it
+	 * here, holding no other, then look again.
+	 */
+	if (OidIsValid(extension))
+	{
+		LockDatabaseObject(ExtensionRelationId, extension, 0, AccessShareLock);
+		extension = get_extension_oid("dwarf", true);
+	}
 	CommitTransactionCommand();
 	if (!OidIsValid(installed_as))
 		installed_as = extension;
