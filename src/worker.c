@@ -699,10 +699,12 @@ BatchTakesRequests(void)
  * top) and is cancelled (the rest), and the flows of a cancelled tree that
  * this worker holds are dropped from memory, their waiters woken.  One
  * statement per tree, however many flows it holds, so that a cancel of
- * 100,000 flows costs each worker one index scan, not 100,000 notes.
+ * 100,000 flows costs each worker one index scan, not 100,000 notes.  With
+ * prune (notes were lost to a full ring, a cancel's among them perhaps),
+ * every flow held that is no longer open in the table is dropped too.
  */
 static void
-HandleTreeNotes(List *cancelled, List *capped)
+HandleTreeNotes(List *cancelled, List *capped, bool prune)
 {
 	MemoryContext outer = CurrentMemoryContext;
 	Oid			types[3] = {INT8OID, INT4OID, INT4OID};
@@ -710,7 +712,7 @@ HandleTreeNotes(List *cancelled, List *capped)
 	int			nwoken = 0;
 	ListCell   *lc;
 
-	if (cancelled == NIL && capped == NIL)
+	if (cancelled == NIL && capped == NIL && !prune)
 		return;
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -738,6 +740,37 @@ HandleTreeNotes(List *cancelled, List *capped)
 														 SPI_tuptable->tupdesc, 1, &isnull));
 			FlowRun    *flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
 
+			if (flow)
+				DropFlow(flow);
+			woken[nwoken++] = id;
+		}
+	}
+	if (prune && hash_get_num_entries(Worker.flows) > 0)
+	{
+		long		n = 0;
+		Datum	   *ids = palloc(sizeof(Datum) * hash_get_num_entries(Worker.flows));
+		Oid			arraytype[1] = {INT8ARRAYOID};
+		Datum		arg;
+		HASH_SEQ_STATUS seq;
+		FlowRun    *flow;
+		uint64		i;
+
+		hash_seq_init(&seq, Worker.flows);
+		while ((flow = hash_seq_search(&seq)) != NULL)
+			ids[n++] = Int64GetDatum(flow->id);
+		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+		Exec("SELECT u.id FROM unnest($1) u(id) WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f"
+			 " WHERE f.id = u.id AND f.status IN ('running', 'interrupted'))",
+			 1, arraytype, &arg, NULL, SPI_OK_SELECT);
+		woken = woken ? repalloc(woken, sizeof(int64) * (nwoken + SPI_processed + 1)) :
+			MemoryContextAlloc(outer, sizeof(int64) * (SPI_processed + 1));
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														 SPI_tuptable->tupdesc, 1, &isnull));
+
+			flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
 			if (flow)
 				DropFlow(flow);
 			woken[nwoken++] = id;
@@ -780,6 +813,7 @@ DrainNotes(List **requests)
 	bool		any = false;
 	List	   *cancelled = NIL;
 	List	   *capped = NIL;
+	bool		prune = false;
 
 	do
 	{
@@ -791,6 +825,7 @@ DrainNotes(List **requests)
 		{
 			Worker.slot->overflow = false;
 			Worker.full_scan = true;
+			prune = true;
 		}
 		SpinLockRelease(&Worker.slot->mutex);
 
@@ -824,7 +859,7 @@ DrainNotes(List **requests)
 			}
 		}
 	} while (n == lengthof(notes));
-	HandleTreeNotes(cancelled, capped);
+	HandleTreeNotes(cancelled, capped, prune);
 	return any || Worker.full_scan;
 }
 
