@@ -136,8 +136,10 @@ CREATE POLICY step_owner ON dwarf.step FOR SELECT
  * A priority below 0 runs a flow's steps before every other role's, so it is
  * a privilege: dwarf.create and dwarf.run allow one only to superusers and
  * to roles with the privileges of dwarf_priority (GRANT dwarf_priority TO
- * ops).  Roles belong to the whole cluster: a database that installs dwarf
- * after another finds the role made, and DROP EXTENSION leaves it.
+ * ops), and dwarf.fork, dwarf.continue and dwarf.subgraph, whose new flow
+ * takes the priority of the flow it follows, check the same.  Roles belong
+ * to the whole cluster: a database that installs dwarf after another finds
+ * the role made, and DROP EXTENSION leaves it.
  */
 DO $$
 BEGIN
@@ -377,7 +379,8 @@ CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL)
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_cancel';
 COMMENT ON FUNCTION dwarf.cancel(bigint, text) IS
-	'Cancels a running or interrupted flow (and its subgraph flows); it starts no further step. '
+	'Cancels a running or interrupted flow and its subgraph flows at any depth, those started while it runs included; '
+	'none starts a further step. '
 	'Returns false, changing nothing, when the flow has already closed';
 
 CREATE FUNCTION dwarf.resume(flow_id bigint, data jsonb DEFAULT 'null')
@@ -651,7 +654,8 @@ CREATE FUNCTION dwarf.fork(step_id bigint, overrides jsonb DEFAULT '{}')
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_fork';
 COMMENT ON FUNCTION dwarf.fork(bigint, jsonb) IS
-	'A new flow of the same graph version that starts at the step''s task, from the state that step saw, with overrides merged in';
+	'A new flow of the same graph version that starts at the step''s task, from the state that step saw, with overrides merged in; '
+	'it takes the flow''s priority, which below 0 needs the privileges of dwarf_priority';
 
 CREATE FUNCTION dwarf.continue(flow_id bigint, input jsonb DEFAULT '{}')
 	RETURNS bigint
@@ -659,7 +663,8 @@ CREATE FUNCTION dwarf.continue(flow_id bigint, input jsonb DEFAULT '{}')
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_continue';
 COMMENT ON FUNCTION dwarf.continue(bigint, jsonb) IS
-	'A new flow in the same thread, of the graph''s latest version, starting from the closed flow''s final state with input merged in';
+	'A new flow in the same thread, of the graph''s latest version, starting from the closed flow''s final state with input merged in; '
+	'it takes the flow''s priority, which below 0 needs the privileges of dwarf_priority';
 
 CREATE FUNCTION dwarf.delete(flow_id bigint) RETURNS void
 	LANGUAGE c STRICT
