@@ -694,6 +694,31 @@ BatchTakesRequests(void)
 /* ---------- notes and the main loop ---------- */
 
 /*
+ * Drops from memory the flows whose ids the last statement returned (they
+ * closed behind this worker's back), and adds them to *woken (in cxt), for
+ * their waiters to be woken.
+ */
+static void
+DropReturnedFlows(MemoryContext cxt, int64 **woken, int *nwoken)
+{
+	uint64		i;
+
+	*woken = *woken ? repalloc(*woken, sizeof(int64) * (*nwoken + SPI_processed + 1)) :
+		MemoryContextAlloc(cxt, sizeof(int64) * (SPI_processed + 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+		FlowRun    *flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
+
+		if (flow)
+			DropFlow(flow);
+		(*woken)[(*nwoken)++] = id;
+	}
+}
+
+/*
  * Acts on the trees named by NOTE_CANCEL_TREE and NOTE_TREE_CAP notes, in a
  * transaction of its own: a tree that met dwarf.max_tree_flows fails (its
  * top) and is cancelled (the rest), and the flows of a cancelled tree that
@@ -707,7 +732,6 @@ static void
 HandleTreeNotes(List *cancelled, List *capped, bool prune)
 {
 	MemoryContext outer = CurrentMemoryContext;
-	Oid			types[3] = {INT8OID, INT4OID, INT4OID};
 	int64	   *woken = NULL;
 	int			nwoken = 0;
 	ListCell   *lc;
@@ -723,37 +747,24 @@ HandleTreeNotes(List *cancelled, List *capped, bool prune)
 		FailTreeOnCap(*(int64 *) lfirst(lc));
 	foreach(lc, cancelled)
 	{
+		Oid			types[3] = {INT8OID, INT4OID, INT4OID};
 		Datum		args[3] = {Int64GetDatum(*(int64 *) lfirst(lc)), Int32GetDatum(dwarf_workers),
 		Int32GetDatum(Worker.slot->index)};
-		uint64		i;
 
 		Exec("SELECT id FROM dwarf.flow WHERE (id = $1 OR root_id = $1)"
 			 " AND status NOT IN ('running', 'interrupted')"
 			 " AND ((id & 281474976710655) % $2) = $3",
 			 3, types, args, NULL, SPI_OK_SELECT);
-		woken = woken ? repalloc(woken, sizeof(int64) * (nwoken + SPI_processed + 1)) :
-			MemoryContextAlloc(outer, sizeof(int64) * (SPI_processed + 1));
-		for (i = 0; i < SPI_processed; i++)
-		{
-			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-														 SPI_tuptable->tupdesc, 1, &isnull));
-			FlowRun    *flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
-
-			if (flow)
-				DropFlow(flow);
-			woken[nwoken++] = id;
-		}
+		DropReturnedFlows(outer, &woken, &nwoken);
 	}
 	if (prune && hash_get_num_entries(Worker.flows) > 0)
 	{
-		long		n = 0;
+		Oid			types[1] = {INT8ARRAYOID};
 		Datum	   *ids = palloc(sizeof(Datum) * hash_get_num_entries(Worker.flows));
-		Oid			arraytype[1] = {INT8ARRAYOID};
+		int			n = 0;
 		Datum		arg;
 		HASH_SEQ_STATUS seq;
 		FlowRun    *flow;
-		uint64		i;
 
 		hash_seq_init(&seq, Worker.flows);
 		while ((flow = hash_seq_search(&seq)) != NULL)
@@ -761,20 +772,8 @@ HandleTreeNotes(List *cancelled, List *capped, bool prune)
 		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 		Exec("SELECT u.id FROM unnest($1) u(id) WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f"
 			 " WHERE f.id = u.id AND f.status IN ('running', 'interrupted'))",
-			 1, arraytype, &arg, NULL, SPI_OK_SELECT);
-		woken = woken ? repalloc(woken, sizeof(int64) * (nwoken + SPI_processed + 1)) :
-			MemoryContextAlloc(outer, sizeof(int64) * (SPI_processed + 1));
-		for (i = 0; i < SPI_processed; i++)
-		{
-			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-														 SPI_tuptable->tupdesc, 1, &isnull));
-
-			flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
-			if (flow)
-				DropFlow(flow);
-			woken[nwoken++] = id;
-		}
+			 1, types, &arg, NULL, SPI_OK_SELECT);
+		DropReturnedFlows(outer, &woken, &nwoken);
 	}
 	PopActiveSnapshot();
 	SPI_finish();
