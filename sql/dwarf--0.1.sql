@@ -48,6 +48,8 @@ CREATE TABLE dwarf.flow (
 	start_task	text,
 	parent_id	bigint,
 	parent_key	text,
+	root_id		bigint,
+	tree_flows	int NOT NULL DEFAULT 1,
 	created_at	timestamptz NOT NULL DEFAULT now(),
 	finished_at timestamptz
 ) WITH (fillfactor = 90);
@@ -55,6 +57,7 @@ CREATE UNIQUE INDEX flow_idempotency_key ON dwarf.flow (owner, idempotency_key)
 	WHERE idempotency_key IS NOT NULL;
 CREATE INDEX flow_thread ON dwarf.flow (thread, id) WHERE thread IS NOT NULL;
 CREATE UNIQUE INDEX flow_parent ON dwarf.flow (parent_id, parent_key) WHERE parent_id IS NOT NULL;
+CREATE INDEX flow_root ON dwarf.flow (root_id) WHERE root_id IS NOT NULL;
 COMMENT ON TABLE dwarf.flow IS
 	'One row per flow. Written when the flow is created and when it closes; '
 	'a running flow''s progress lives in dwarf.step';
@@ -72,6 +75,12 @@ COMMENT ON COLUMN dwarf.flow.start_task IS
 	'The task the flow starts at, when not the graph''s entry (dwarf.fork)';
 COMMENT ON COLUMN dwarf.flow.parent_id IS
 	'For a child flow started by dwarf.subgraph: the parent flow (parent_key: which call)';
+COMMENT ON COLUMN dwarf.flow.root_id IS
+	'For a child flow: the flow at the top of its tree of subgraphs (NULL for that flow itself), '
+	'so that dwarf.cancel stops a whole tree with one statement';
+COMMENT ON COLUMN dwarf.flow.tree_flows IS
+	'On a flow that started subgraphs: how many flows its tree has had, itself included '
+	'(capped by dwarf.max_tree_flows)';
 
 CREATE SEQUENCE dwarf.step_seq CACHE 64;
 
@@ -130,8 +139,10 @@ CREATE POLICY step_owner ON dwarf.step FOR SELECT
  * A priority below 0 runs a flow's steps before every other role's, so it is
  * a privilege: dwarf.create and dwarf.run allow one only to superusers and
  * to roles with the privileges of dwarf_priority (GRANT dwarf_priority TO
- * ops).  Roles belong to the whole cluster: a database that installs dwarf
- * after another finds the role made, and DROP EXTENSION leaves it.
+ * ops), and dwarf.fork, dwarf.continue and dwarf.subgraph, whose new flow
+ * takes the priority of the flow it follows, check the same.  Roles belong
+ * to the whole cluster: a database that installs dwarf after another finds
+ * the role made, and DROP EXTENSION leaves it.
  */
 DO $$
 BEGIN
@@ -373,7 +384,8 @@ CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL)
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_cancel';
 COMMENT ON FUNCTION dwarf.cancel(bigint, text) IS
-	'Cancels a running or interrupted flow (and its subgraph flows); it starts no further step. '
+	'Cancels a running or interrupted flow and its subgraph flows at any depth, those started while it runs included; '
+	'none starts a further step. '
 	'Returns false, changing nothing, when the flow has already closed';
 
 CREATE FUNCTION dwarf.resume(flow_id bigint, data jsonb DEFAULT 'null')
@@ -649,7 +661,8 @@ CREATE FUNCTION dwarf.fork(step_id bigint, overrides jsonb DEFAULT '{}')
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_fork';
 COMMENT ON FUNCTION dwarf.fork(bigint, jsonb) IS
-	'A new flow of the same graph version that starts at the step''s task, from the state that step saw, with overrides merged in';
+	'A new flow of the same graph version that starts at the step''s task, from the state that step saw, with overrides merged in; '
+	'it takes the flow''s priority, which below 0 needs the privileges of dwarf_priority';
 
 CREATE FUNCTION dwarf.continue(flow_id bigint, input jsonb DEFAULT '{}')
 	RETURNS bigint
@@ -657,7 +670,8 @@ CREATE FUNCTION dwarf.continue(flow_id bigint, input jsonb DEFAULT '{}')
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_continue';
 COMMENT ON FUNCTION dwarf.continue(bigint, jsonb) IS
-	'A new flow in the same thread, of the graph''s latest version, starting from the closed flow''s final state with input merged in';
+	'A new flow in the same thread, of the graph''s latest version, starting from the closed flow''s final state with input merged in; '
+	'it takes the flow''s priority, which below 0 needs the privileges of dwarf_priority';
 
 CREATE FUNCTION dwarf.delete(flow_id bigint) RETURNS void
 	LANGUAGE c STRICT

@@ -208,12 +208,7 @@ OptionsFromArgs(FunctionCallInfo fcinfo, int first)
 static void
 CheckPriority(int32 priority)
 {
-	Oid			role;
-
-	if (priority >= 0)
-		return;
-	role = get_role_oid(DWARF_PRIORITY_ROLE, true);
-	if (OidIsValid(role) ? has_privs_of_role(GetUserId(), role) : superuser())
+	if (MayUsePriority(GetUserId(), priority))
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

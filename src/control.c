@@ -13,6 +13,7 @@
 #include "catalog/pg_type.h"
 #include "common/int.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -233,21 +234,67 @@ dwarf_baggage(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Counts a new flow in the tree whose top is root (flows.c says how), and
+ * refuses it past dwarf.max_tree_flows: the call fails, and the top's
+ * worker is told at once (not at commit: this transaction is about to
+ * roll back) to fail the whole tree.  The UPDATE waits for, and then sees,
+ * a cancel of the top; a top that is no longer open starts no child.  The
+ * caller is connected to SPI, as the extension owner.
+ */
+static void
+CountTreeFlow(int64 root, const char *graph)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(root)};
+	bool		isnull;
+	int64		flows;
+
+	Exec("UPDATE dwarf.flow SET tree_flows = tree_flows + 1"
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING tree_flows",
+		 1, types, args, NULL, SPI_OK_UPDATE_RETURNING);
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("subgraph \"%s\" cannot start: flow " INT64_FORMAT ", the top of this flow's tree, has closed",
+						graph, root),
+				 errdetail("The tree was cancelled or failed; it starts no new flow.")));
+	flows = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (flows > dwarf_max_tree_flows)
+	{
+		DwarfWorkerSlot *slot = DwarfOwnerSlot(MyDatabaseId, root);
+
+		if (slot)
+			(void) DwarfPushNote(slot, root, NOTE_TREE_CAP);
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("subgraph \"%s\" would be flow %d of the tree of flow " INT64_FORMAT ", past the %d dwarf.max_tree_flows allows",
+						graph, (int) flows, root, dwarf_max_tree_flows),
+				 errdetail("Flow " INT64_FORMAT " fails, and every flow of its tree is cancelled.", root),
+				 errhint("End the recursion in the task, or ask a superuser to raise dwarf.max_tree_flows.")));
+	}
+}
+
+/*
  * Starts the child flow of a dwarf.subgraph call, named by key, if the
- * parents above it leave room; returns its id.  The caller is connected to
- * SPI.
+ * parents above it leave room; returns its id.  The child inherits the
+ * parent's owner and priority (a priority below 0 only while the owner
+ * may have one), and names the top of the tree in root_id.  The caller is
+ * connected to SPI.
  */
 static int64
 StartChildFlow(FlowRun *flow, const char *graph, char *key, Jsonb *input)
 {
-	const char *keys[2] = {"parent_id", "parent_key"};
-	JsonbValue	values[2];
+	const char *keys[3] = {"parent_id", "parent_key", "root_id"};
+	JsonbValue	values[3];
 	Oid			types[1] = {INT8OID};
 	Datum		args[1] = {Int64GetDatum(flow->id)};
 	bool		isnull;
 	int32		graph_id;
 	bool		is_new;
 	int64		child;
+	int64		root;
+	Datum		d;
+	SavedUser	saved;
 
 	/* Each child is one level deeper than its parent: bounded. */
 	if (SPI_execute_with_args("WITH RECURSIVE up AS ("
@@ -264,15 +311,44 @@ StartChildFlow(FlowRun *flow, const char *graph, char *key, Jsonb *input)
 				 errmsg("subgraph \"%s\" would nest flows more than %d deep", graph,
 						DWARF_MAX_DEPTH),
 				 errhint("A task that starts a subgraph of its own graph needs a condition that ends the recursion.")));
+	CheckPriorityOf(flow->owner, flow->priority, "dwarf.subgraph");
 	/* The name means what it means to the flow's owner, not to its graph's definer. */
 	graph_id = ResolveGraph(cstring_to_text(graph), flow->owner, false);
+
+	/*
+	 * The top of the tree first, then the parent: a cancel takes them in
+	 * that order (dwarf_cancel).  The parent's row locked FOR SHARE makes
+	 * a cancel of it (or of a flow above it) wait for this transaction, and
+	 * makes this one see a cancel that came first.
+	 */
+	saved = BecomeOwner();
+	Exec("SELECT root_id FROM dwarf.flow WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	d = SPI_processed == 1 ?
+		SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull) : (Datum) 0;
+	root = (SPI_processed == 1 && !isnull) ? DatumGetInt64(d) : flow->id;
+	CountTreeFlow(root, graph);
+	if (root != flow->id)
+	{
+		Exec("SELECT 1 FROM dwarf.flow WHERE id = $1 AND status IN ('running', 'interrupted')"
+			 " FOR SHARE", 1, types, args, NULL, SPI_OK_SELECT);
+		if (SPI_processed == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("subgraph \"%s\" cannot start: flow " INT64_FORMAT " has closed",
+							graph, flow->id),
+					 errdetail("The flow was cancelled; it starts no new flow.")));
+	}
+	RestoreUser(saved);
+
 	values[0].type = jbvNumeric;
 	values[0].val.numeric = int64_to_numeric(flow->id);
 	values[1].type = jbvString;
 	values[1].val.string.val = key;
 	values[1].val.string.len = strlen(key);
+	values[2].type = jbvNumeric;
+	values[2].val.numeric = int64_to_numeric(root);
 	child = InsertFlow(NewFlowId(), graph_id, flow->owner, flow->priority, NULL, input,
-					   JsonbWithKeys(JsonbEmptyObject(), 2, keys, values), &is_new);
+					   JsonbWithKeys(JsonbEmptyObject(), 3, keys, values), &is_new);
 	NoteOnCommit(child, NOTE_NEW_FLOW, false);
 	return child;
 }
@@ -334,6 +410,12 @@ dwarf_subgraph(PG_FUNCTION_ARGS)
 
 	if (SPI_processed == 0)
 	{
+		if (step->subgraph_calls > dwarf_max_step_children)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("subgraph \"%s\" would be child flow %d of this step, past the %d dwarf.max_step_children allows",
+							graph, step->subgraph_calls, dwarf_max_step_children),
+					 errhint("Start fewer subgraphs in one task (a for_each edge spreads them over steps), or ask a superuser to raise dwarf.max_step_children.")));
 		step->waiting_child = StartChildFlow(flow, graph, key, input);
 		SPI_finish();
 		PG_RETURN_NULL();

@@ -8,8 +8,16 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_extension.h"
+#include "commands/extension.h"
 #include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "pgstat.h"
 #include "storage/ipc.h"
+#include "storage/lmgr.h"
+#include "storage/proc.h"
+#include "storage/procarray.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/guc.h"
@@ -25,6 +33,10 @@ PG_MODULE_MAGIC;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static ProcessUtility_hook_type prev_process_utility_hook = NULL;
+
+/* How long DROP EXTENSION dwarf waits for the database's workers to exit. */
+#define DROP_WAIT_MS	10000
 
 extern DWARF_EXPORT void _PG_init(void);
 
@@ -73,6 +85,80 @@ dwarf_shmem_startup(void)
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 	DwarfShmemStartup();
+}
+
+/* Does this statement drop the extension dwarf? */
+static bool
+DropsDwarf(Node *parsetree)
+{
+	DropStmt   *stmt;
+	ListCell   *lc;
+
+	if (!IsA(parsetree, DropStmt))
+		return false;
+	stmt = (DropStmt *) parsetree;
+	if (stmt->removeType != OBJECT_EXTENSION)
+		return false;
+	foreach(lc, stmt->objects)
+		if (strcmp(strVal(lfirst(lc)), "dwarf") == 0)
+			return true;
+	return false;
+}
+
+/*
+ * DROP EXTENSION dwarf: the database's workers and runners stop before the
+ * drop takes its locks.  A worker holds locks on dwarf's tables in its own
+ * order while a batch runs, and the drop takes them in the order of the
+ * dependencies, so the two could deadlock (and the drop was the one to
+ * fail).  The extension's own lock is taken first, the one DROP EXTENSION
+ * takes first anyway: a worker the launcher starts meanwhile waits for it
+ * before it touches any table (ExitIfNotInstalled, worker.c), and then
+ * finds dwarf gone, or carries on if the drop rolled back.  The wait for
+ * the workers to exit is bounded; past it the drop goes ahead.
+ */
+static void
+StopWorkersForDrop(void)
+{
+	Oid			extension = get_extension_oid("dwarf", true);
+	pid_t		pids[DWARF_MAX_WORKERS + DWARF_MAX_RUNNERS];
+	int			n;
+	int			waited = 0;
+
+	if (!OidIsValid(extension))
+		return;
+	LockDatabaseObject(ExtensionRelationId, extension, 0, AccessExclusiveLock);
+	n = StopDatabaseWorkers(MyDatabaseId, pids);
+	while (waited < DROP_WAIT_MS)
+	{
+		int			i;
+		bool		alive = false;
+
+		for (i = 0; i < n && !alive; i++)
+			alive = BackendPidGetProc(pids[i]) != NULL;
+		if (!alive)
+			break;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10,
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		waited += 10;
+	}
+}
+
+/* The utility hook: DROP EXTENSION dwarf stops the workers first. */
+static void
+dwarf_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
+					  ProcessUtilityContext context, ParamListInfo params,
+					  QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
+{
+	if (DropsDwarf(pstmt->utilityStmt))
+		StopWorkersForDrop();
+	if (prev_process_utility_hook)
+		prev_process_utility_hook(pstmt, queryString, readOnlyTree, context, params,
+								  queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params,
+								queryEnv, dest, qc);
 }
 
 /*
@@ -225,6 +311,24 @@ _PG_init(void)
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("dwarf.max_tree_flows",
+							"Flows one tree of subgraphs may hold, its top flow included.",
+							"A dwarf.subgraph call past it fails, and the top flow of the tree fails with every flow below it stopped, so that a task that starts subgraphs of its own graph cannot multiply flows without end.",
+							&dwarf_max_tree_flows,
+							10000, 1, INT_MAX,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.max_step_children",
+							"Child flows one step may start with dwarf.subgraph.",
+							"A call past it raises an error in the task.",
+							&dwarf_max_step_children,
+							1000, 1, INT_MAX,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("dwarf");
 
 	RegisterXactCallback(DwarfXactCallback, NULL);
@@ -233,6 +337,8 @@ _PG_init(void)
 	shmem_request_hook = dwarf_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = dwarf_shmem_startup;
+	prev_process_utility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = dwarf_process_utility;
 
 	DwarfRegisterLauncher();
 }

@@ -45,6 +45,8 @@ extern int	dwarf_max_flow_steps;
 extern int	dwarf_max_for_each;
 extern int	dwarf_max_state_size;	/* kB a folded state may take */
 extern int	dwarf_min_retry_delay;
+extern int	dwarf_max_tree_flows;
+extern int	dwarf_max_step_children;
 
 /*
  * Flow ids are (shard << DWARF_SHARD_SHIFT) | (timeline & 0xFF) <<
@@ -77,5 +79,6 @@ extern DWARF_EXPORT void DwarfLauncherMain(Datum arg);
 extern DWARF_EXPORT void DwarfWorkerMain(Datum arg);
 extern DWARF_EXPORT void DwarfRunnerMain(Datum arg);
 extern void DwarfRegisterLauncher(void);
+extern int	StopDatabaseWorkers(Oid dboid, pid_t *pids);
 
 #endif							/* DWARF_H */

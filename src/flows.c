@@ -77,6 +77,22 @@ NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters)
 	MemoryContextSwitchTo(old);
 }
 
+/*
+ * Hands a note to every worker of this database: a tree's flows may be
+ * owned by any of them (flows are placed by id).
+ */
+static void
+PushToAllWorkers(int64 flow_id, DwarfNoteKind kind)
+{
+	int			i;
+
+	if (Dwarf == NULL)
+		return;
+	for (i = 0; i < DWARF_MAX_WORKERS; i++)
+		if (Dwarf->workers[i].dboid == MyDatabaseId && Dwarf->workers[i].latch)
+			(void) DwarfPushNote(&Dwarf->workers[i], flow_id, kind);
+}
+
 /* From the object access hook: an extension or database came or went. */
 void
 DwarfRescanOnCommit(void)
@@ -100,7 +116,9 @@ DwarfXactCallback(XactEvent event, void *arg)
 			PendingNote *note = lfirst(lc);
 			DwarfWorkerSlot *slot = DwarfOwnerSlot(MyDatabaseId, note->flow_id);
 
-			if (slot)
+			if (note->kind == NOTE_CANCEL_TREE)
+				PushToAllWorkers(note->flow_id, note->kind);
+			else if (slot)
 				(void) DwarfPushNote(slot, note->flow_id, note->kind);
 			if (note->wake_waiters && Dwarf)
 				DwarfWakeWaiters(&note->flow_id, 1);
@@ -352,11 +370,12 @@ InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 		InsertFlowPlan = PrepareKept(
 			"INSERT INTO dwarf.flow AS f (id, graph_id, owner, priority, idempotency_key, input,"
 			" fairness_key, fairness_weight, time_budget, delete_on_completion, baggage,"
-			" thread, start_task, parent_id, parent_key)"
+			" thread, start_task, parent_id, parent_key, root_id)"
 			" VALUES ($1, $2, $3::regrole, $4, $5, $6, $7->>'fairness_key',"
 			" coalesce(($7->>'fairness_weight')::int, 1), ($7->>'time_budget')::interval,"
 			" coalesce(($7->>'delete_on_completion')::boolean, false), $7->'baggage',"
-			" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key')"
+			" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key',"
+			" ($7->>'root_id')::bigint)"
 			" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 			" RETURNING " FLOW_ROW_COLUMNS, 7, types);
 		FindKeyPlan = PrepareKept(
@@ -421,6 +440,148 @@ InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 	}
 	RestoreUser(saved);
 	return id;
+}
+
+/* ---------- trees of subgraphs ---------- */
+
+/*
+ * A tree of flows is a flow started by dwarf.create or dwarf.run (its top)
+ * and the flows dwarf.subgraph started below it, at any depth.  Each child
+ * names the top in root_id, so that the whole tree is one index scan away
+ * (a cancel of 100,000 flows is one statement, not a walk), and the top's
+ * row counts the tree's flows in tree_flows: the count is bumped by an
+ * UPDATE of that one row, which serializes the tree's creators across
+ * workers (a tree's flows are placed on workers by their own ids) and
+ * conflicts with a cancel's UPDATE of the same row, so a child is never
+ * started in a tree whose top was cancelled meanwhile.
+ */
+
+/* Above this many flows, a cancel tells the workers about the tree, not each flow. */
+#define CANCEL_NOTES_PER_FLOW 64
+
+/*
+ * Cancels the running and interrupted flows below flow_id, whose tree's
+ * top is root (flow_id itself, or an ancestor), with reason; the caller
+ * has cancelled flow_id itself, so that no new child starts under it.  The
+ * statement runs again until it finds none: a child that a worker started
+ * before this cancel's locks reached its parent is committed and visible
+ * to the next statement (each takes a new snapshot), and none can start
+ * after (StartChildFlow locks the parent and the top).  The workers hear at
+ * commit: flow by flow when they are few, else with one note for the tree
+ * (NOTE_CANCEL_TREE, to every worker).  Returns how many were cancelled.
+ * The caller is connected to SPI, as the extension owner.
+ */
+int64
+CancelDescendants(int64 flow_id, int64 root, const char *reason)
+{
+	Oid			types[3] = {INT8OID, INT8OID, TEXTOID};
+	Datum		args[3] = {Int64GetDatum(flow_id), Int64GetDatum(root),
+	CStringGetTextDatum(reason)};
+	int64		ids[CANCEL_NOTES_PER_FLOW];
+	int64		total = 0;
+	uint64		i;
+
+	for (;;)
+	{
+		if (flow_id == root)
+			Exec("UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(), cancel_reason = $3"
+				 " WHERE root_id = $2 AND status IN ('running', 'interrupted') RETURNING id",
+				 3, types, args, NULL, SPI_OK_UPDATE_RETURNING);
+		else
+			Exec("WITH RECURSIVE tree AS ("
+				 "  SELECT id FROM dwarf.flow WHERE parent_id = $1"
+				 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id)"
+				 " UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(), cancel_reason = $3"
+				 " WHERE id IN (SELECT id FROM tree) AND root_id = $2"
+				 "  AND status IN ('running', 'interrupted') RETURNING id",
+				 3, types, args, NULL, SPI_OK_UPDATE_RETURNING);
+		if (SPI_processed == 0)
+			break;
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+
+			if (total + i < CANCEL_NOTES_PER_FLOW)
+				ids[total + i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+															 SPI_tuptable->tupdesc, 1, &isnull));
+		}
+		total += SPI_processed;
+	}
+	if (total > CANCEL_NOTES_PER_FLOW)
+		NoteOnCommit(root, NOTE_CANCEL_TREE, false);
+	else
+		for (i = 0; i < total; i++)
+		{
+			NoteOnCommit(ids[i], NOTE_RELOAD_FLOW, true);
+			NoteOnCommit(ids[i], NOTE_CANCEL_FLOW, false);
+		}
+	return total;
+}
+
+/*
+ * The tree whose top is root met dwarf.max_tree_flows (a worker heard so
+ * through NOTE_TREE_CAP): the top fails with the cap's error, if it is
+ * still open, and every open flow below it is cancelled, so that a fork
+ * bomb ends as a whole and not one leaf at a time.  The caller is connected
+ * to SPI, in a transaction of its own.
+ */
+void
+FailTreeOnCap(int64 root)
+{
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2];
+	SavedUser	saved = BecomeOwner();
+
+	args[0] = Int64GetDatum(root);
+	args[1] = CStringGetTextDatum(psprintf("the flow tree of flow " INT64_FORMAT " reached %d flows, the most dwarf.max_tree_flows allows",
+										   root, dwarf_max_tree_flows));
+	Exec("UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = now()"
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') AND root_id IS NULL",
+		 2, types, args, NULL, SPI_OK_UPDATE);
+	if (SPI_processed == 1)
+	{
+		NoteOnCommit(root, NOTE_RELOAD_FLOW, true);
+		NoteOnCommit(root, NOTE_CANCEL_FLOW, false);
+	}
+	(void) CancelDescendants(root, root,
+							 psprintf("flow " INT64_FORMAT " failed: its tree reached dwarf.max_tree_flows",
+									  root));
+	RestoreUser(saved);
+}
+
+/*
+ * May role own a flow of this priority?  Below 0 only with the privileges
+ * of dwarf_priority (superusers have them; without that role, only
+ * superusers may).
+ */
+bool
+MayUsePriority(Oid role, int32 priority)
+{
+	Oid			granted;
+
+	if (priority >= 0)
+		return true;
+	granted = get_role_oid(DWARF_PRIORITY_ROLE, true);
+	return OidIsValid(granted) ? has_privs_of_role(role, granted) : superuser_arg(role);
+}
+
+/*
+ * Refuses a priority below 0 for a flow owned by role unless it may
+ * (MayUsePriority): for the flows dwarf.fork, dwarf.continue and
+ * dwarf.subgraph start from another flow's priority, as dwarf.create and
+ * dwarf.run refuse it for theirs.
+ */
+void
+CheckPriorityOf(Oid role, int32 priority, const char *function)
+{
+	if (MayUsePriority(role, priority))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied for %s to start a flow with priority %d", function, priority),
+			 errdetail("The new flow would take its priority from the flow it follows; a priority below 0 runs a flow's steps before those of every other role."),
+			 errhint("Ask a superuser to GRANT %s TO %s.",
+					 DWARF_PRIORITY_ROLE, GetUserNameFromId(role, false))));
 }
 
 /* ---------- arguments ---------- */

@@ -56,6 +56,13 @@ extern int64 InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 prior
 						   text *key, Jsonb *input, Jsonb *options, bool *is_new,
 						   HeapTuple *row, TupleDesc *desc);
 
+/* ---------- trees of subgraphs ---------- */
+
+extern int64 CancelDescendants(int64 flow_id, int64 root, const char *reason);
+extern void FailTreeOnCap(int64 root);
+extern bool MayUsePriority(Oid role, int32 priority);
+extern void CheckPriorityOf(Oid role, int32 priority, const char *function);
+
 /* A flow's row as a worker takes it in (see FLOW_ROW_COLUMNS). */
 typedef struct FlowRow
 {

@@ -26,6 +26,8 @@ int			dwarf_max_flow_steps = 250000;
 int			dwarf_max_for_each = 100000;
 int			dwarf_max_state_size = 65536;
 int			dwarf_min_retry_delay = 100;
+int			dwarf_max_tree_flows = 10000;
+int			dwarf_max_step_children = 1000;
 
 /* this process's state as a worker (or runner): see worker.h */
 WorkerState Worker = {.full_scan = true};

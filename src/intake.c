@@ -217,7 +217,12 @@ ForgetInBatch(void)
 bool
 IntakeInBatch(List *procnos, List **flows)
 {
-	MemoryContext cxt = CurrentMemoryContext;
+	/*
+	 * Where the error is copied to after a failure: not the current
+	 * context, which belongs to the batch's transaction (SPI's) and goes
+	 * with its rollback.
+	 */
+	MemoryContext cxt = Worker.batch_context;
 	ListCell   *lc;
 
 	*flows = NIL;

@@ -82,15 +82,18 @@ static object_access_hook_type prev_object_access_hook = NULL;
  * sessions (it waits for them to go).  dropdb already holds the database's
  * lock, so a worker the launcher starts meanwhile waits at connect; if the
  * drop fails after all, that worker carries on, and if it commits, the
- * launcher sees the database gone and starts none again.
+ * launcher sees the database gone and starts none again.  DROP EXTENSION
+ * uses it too (dwarf.c).  The pids signalled go in pids, if given (room
+ * for DWARF_MAX_WORKERS + DWARF_MAX_RUNNERS); returns how many.
  */
-static void
-StopDatabaseWorkers(Oid dboid)
+int
+StopDatabaseWorkers(Oid dboid, pid_t *pids)
 {
 	int			i;
+	int			n = 0;
 
 	if (Dwarf == NULL)
-		return;
+		return 0;
 	for (i = 0; i < DWARF_MAX_WORKERS; i++)
 	{
 		DwarfWorkerSlot *slot = &Dwarf->workers[i];
@@ -101,7 +104,11 @@ StopDatabaseWorkers(Oid dboid)
 			pid = slot->pid;
 		SpinLockRelease(&slot->mutex);
 		if (pid > 0)
+		{
 			kill(pid, SIGTERM);
+			if (pids)
+				pids[n++] = pid;
+		}
 	}
 	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
 	{
@@ -119,8 +126,13 @@ StopDatabaseWorkers(Oid dboid)
 			pid = runner->pid;
 		SpinLockRelease(&runner->mutex);
 		if (pid > 0)
+		{
 			kill(pid, SIGTERM);
+			if (pids)
+				pids[n++] = pid;
+		}
 	}
+	return n;
 }
 
 /*
@@ -140,7 +152,7 @@ DwarfObjectAccess(ObjectAccessType access, Oid classId, Oid objectId,
 		(classId == DatabaseRelationId && access == OAT_POST_CREATE))
 		DwarfRescanOnCommit();
 	if (classId == DatabaseRelationId && access == OAT_DROP)
-		StopDatabaseWorkers(objectId);
+		(void) StopDatabaseWorkers(objectId, NULL);
 }
 
 /* Registers the launcher and the hook; from _PG_init when preloaded. */

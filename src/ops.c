@@ -30,6 +30,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/numeric.h"
+#include "utils/resowner.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
@@ -74,24 +75,76 @@ StopRunningStepOnCommit(int64 flow_id)
 	NoteOnCommit(flow_id, NOTE_CANCEL_FLOW, false);
 }
 
+/*
+ * Cancels a flow and its tree below it, if it is open; whether it was.  The
+ * flow first, on its own: once its row is ours, no child can start under
+ * it (nor, for the top of a tree, anywhere in the tree).  The caller is
+ * connected to SPI.
+ */
+static bool
+CancelFlowAndTree(int64 flow_id, Datum *args, char *nulls)
+{
+	Oid			types[2] = {INT8OID, TEXTOID};
+	SavedUser	saved = BecomeOwner();
+	bool		isnull;
+	bool		no_root;
+	int64		parent = 0;
+	Datum		root;
+
+	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id, root_id",
+		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
+	if (SPI_processed == 0)
+	{
+		RestoreUser(saved);
+		return false;
+	}
+	root = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &no_root);
+	root = no_root ? Int64GetDatum(flow_id) : root;
+	parent = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+
+	/* Child flows started by dwarf.subgraph go with their parent. */
+	(void) CancelDescendants(flow_id, DatumGetInt64(root),
+							 psprintf("parent flow " INT64_FORMAT " cancelled", flow_id));
+	RestoreUser(saved);
+
+	/* A parent waiting in dwarf.subgraph runs its task again, and sees why. */
+	if (!isnull)
+		NoteOnCommit(parent, NOTE_RELOAD_FLOW, false);
+	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, true);
+	StopRunningStepOnCommit(flow_id);
+	return true;
+}
+
+/* Times dwarf.cancel tries again after losing a deadlock to a worker. */
+#define CANCEL_TRIES 5
+
 DWARF_FUNCTION(dwarf_cancel);
 
 /*
  * dwarf.cancel(flow, reason): stops a running or interrupted flow, and the
- * flows it started with dwarf.subgraph.  Returns true when it cancelled
- * it, false when it had already closed, so that a query can cancel many
- * flows at once (SELECT dwarf.cancel(id) FROM ...) whatever became of
- * each; a flow the caller cannot see is an error.
+ * flows it started with dwarf.subgraph, at any depth, and those they start
+ * while the cancel runs (CancelDescendants).  Returns true when it
+ * cancelled it, false when it had already closed, so that a query can
+ * cancel many flows at once (SELECT dwarf.cancel(id) FROM ...) whatever
+ * became of each; a flow the caller cannot see is an error.
+ *
+ * A worker may hold a row of the tree (a flow it closes in its batch) and
+ * then wait for the top's row, which the cancel holds: a deadlock, whose
+ * victim may be the cancel.  The cancel runs in a subtransaction, and
+ * one that lost a deadlock lets go of every row, so that the worker
+ * commits, and tries again.
  */
 Datum
 dwarf_cancel(PG_FUNCTION_ARGS)
 {
 	int64		flow_id;
-	Oid			types[2] = {INT8OID, TEXTOID};
 	Datum		args[2];
 	char		nulls[2] = {' ', ' '};
-	SavedUser	saved;
-	bool		cancelled;
+	volatile bool cancelled = false;
+	volatile int tries;
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
 
 	CheckNotStandby("dwarf.cancel");
 
@@ -106,47 +159,38 @@ dwarf_cancel(PG_FUNCTION_ARGS)
 	Connect();
 	(void) VisibleFlowStatus(flow_id);
 
-	saved = BecomeOwner();
-	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
-		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id",
-		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
-	cancelled = SPI_processed == 1;
-	if (cancelled)
+	for (tries = 1;; tries++)
 	{
-		uint64		i;
-		bool		isnull;
-		Datum		parent = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-		/* A parent waiting in dwarf.subgraph runs its task again, and sees why. */
-		if (!isnull)
-			NoteOnCommit(DatumGetInt64(parent), NOTE_RELOAD_FLOW, false);
-
-		/* Child flows started by dwarf.subgraph go with their parent. */
-		Exec("WITH RECURSIVE tree AS ("
-			 "  SELECT id FROM dwarf.flow WHERE parent_id = $1"
-			 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id)"
-			 " UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(),"
-			 "  cancel_reason = 'parent flow ' || $1 || ' cancelled'"
-			 " WHERE id IN (SELECT id FROM tree) AND status IN ('running', 'interrupted')"
-			 " RETURNING id",
-			 1, types, args, NULL, SPI_OK_UPDATE_RETURNING);
-		for (i = 0; i < SPI_processed; i++)
+		BeginInternalSubTransaction(NULL);
+		MemoryContextSwitchTo(cxt);
+		PG_TRY();
 		{
-			bool		isnull;
-			int64		child = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-															SPI_tuptable->tupdesc, 1, &isnull));
-
-			NoteOnCommit(child, NOTE_RELOAD_FLOW, true);
-			StopRunningStepOnCommit(child);
+			cancelled = CancelFlowAndTree(flow_id, args, nulls);
+			ReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
 		}
+		PG_CATCH();
+		{
+			ErrorData  *edata;
+
+			MemoryContextSwitchTo(cxt);
+			edata = CopyErrorData();
+			FlushErrorState();
+			RollbackAndReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+			if (edata->sqlerrcode != ERRCODE_T_R_DEADLOCK_DETECTED || tries >= CANCEL_TRIES)
+				ReThrowError(edata);
+			FreeErrorData(edata);
+			pg_usleep(10000L * tries);
+			CHECK_FOR_INTERRUPTS();
+			continue;
+		}
+		PG_END_TRY();
+		break;
 	}
-	RestoreUser(saved);
 	SPI_finish();
-	if (cancelled)
-	{
-		NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, true);
-		StopRunningStepOnCommit(flow_id);
-	}
 	PG_RETURN_BOOL(cancelled);
 }
 
@@ -318,6 +362,9 @@ dwarf_fork(PG_FUNCTION_ARGS)
 		values[1].val.string.len = strlen(thread);
 		nkeys++;
 	}
+	CheckPriorityOf(GetUserId(),
+					DatumGetInt32(SPI_getbinval(tup, desc, Anum_forkstep_priority, &isnull)),
+					"dwarf.fork");
 	id = InsertFlow(NewFlowId(), graph_id, GetUserId(),
 					DatumGetInt32(SPI_getbinval(tup, desc, Anum_forkstep_priority, &isnull)),
 					NULL, state, JsonbWithKeys(JsonbEmptyObject(), nkeys, keys, values),
@@ -394,6 +441,7 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	thread = SPI_getvalue(tup, desc, Anum_continued_thread);
 	d = SPI_getbinval(tup, desc, Anum_continued_state, &isnull);
 	priority = DatumGetInt32(SPI_getbinval(tup, desc, Anum_continued_priority, &isnull));
+	CheckPriorityOf(GetUserId(), priority, "dwarf.continue");
 	graph_id = LatestGraphOf(DatumGetObjectId(SPI_getbinval(tup, desc, Anum_continued_graph_owner,
 															&isnull)),
 							 DatumGetTextPP(SPI_getbinval(tup, desc, Anum_continued_graph_name,

@@ -24,7 +24,11 @@ typedef enum DwarfNoteKind
 	NOTE_NEW_FLOW,				/* a committed create: load the flow */
 	NOTE_RELOAD_FLOW,			/* status changed outside (cancel): reload */
 	NOTE_RUN_REQUEST,			/* flow_id is the pgprocno of a dwarf.run caller */
-	NOTE_CANCEL_FLOW			/* cancelled: stop its running step, and reload */
+	NOTE_CANCEL_FLOW,			/* cancelled: stop its running step, and reload */
+	NOTE_CANCEL_TREE,			/* flows of the tree whose top is flow_id were
+								 * cancelled: drop them (to every worker) */
+	NOTE_TREE_CAP				/* the tree whose top is flow_id met
+								 * dwarf.max_tree_flows: fail it */
 } DwarfNoteKind;
 
 typedef struct DwarfNote

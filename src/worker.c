@@ -29,6 +29,7 @@
 #include "access/xlog.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
@@ -38,6 +39,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/acl.h"
@@ -773,6 +775,112 @@ BatchTakesRequests(void)
 /* ---------- notes and the main loop ---------- */
 
 /*
+ * Drops from memory the flows whose ids the last statement returned (they
+ * closed behind this worker's back), and adds them to *woken (in cxt), for
+ * their waiters to be woken.
+ */
+static void
+DropReturnedFlows(MemoryContext cxt, int64 **woken, int *nwoken)
+{
+	uint64		i;
+
+	*woken = *woken ? repalloc(*woken, sizeof(int64) * (*nwoken + SPI_processed + 1)) :
+		MemoryContextAlloc(cxt, sizeof(int64) * (SPI_processed + 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+		FlowRun    *flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
+
+		if (flow)
+			DropFlow(flow);
+		(*woken)[(*nwoken)++] = id;
+	}
+}
+
+/*
+ * Acts on the trees named by NOTE_CANCEL_TREE and NOTE_TREE_CAP notes, in a
+ * transaction of its own: a tree that met dwarf.max_tree_flows fails (its
+ * top) and is cancelled (the rest), and the flows of a cancelled tree that
+ * this worker holds are dropped from memory, their waiters woken.  One
+ * statement per tree, however many flows it holds, so that a cancel of
+ * 100,000 flows costs each worker one index scan, not 100,000 notes.  With
+ * prune (notes were lost to a full ring, a cancel's among them perhaps),
+ * every flow held that is no longer open in the table is dropped too.
+ */
+static void
+HandleTreeNotes(List *cancelled, List *capped, bool prune)
+{
+	MemoryContext outer = CurrentMemoryContext;
+	int64	   *woken = NULL;
+	int			nwoken = 0;
+	ListCell   *lc;
+
+	if (cancelled == NIL && capped == NIL && !prune)
+		return;
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	Connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: cancelling trees of flows");
+	foreach(lc, capped)
+		FailTreeOnCap(*(int64 *) lfirst(lc));
+	foreach(lc, cancelled)
+	{
+		Oid			types[3] = {INT8OID, INT4OID, INT4OID};
+		Datum		args[3] = {Int64GetDatum(*(int64 *) lfirst(lc)), Int32GetDatum(dwarf_workers),
+		Int32GetDatum(Worker.slot->index)};
+
+		Exec("SELECT id FROM dwarf.flow WHERE (id = $1 OR root_id = $1)"
+			 " AND status NOT IN ('running', 'interrupted')"
+			 " AND ((id & 281474976710655) % $2) = $3",
+			 3, types, args, NULL, SPI_OK_SELECT);
+		DropReturnedFlows(outer, &woken, &nwoken);
+	}
+	if (prune && hash_get_num_entries(Worker.flows) > 0)
+	{
+		Oid			types[1] = {INT8ARRAYOID};
+		Datum	   *ids = palloc(sizeof(Datum) * hash_get_num_entries(Worker.flows));
+		int			n = 0;
+		Datum		arg;
+		HASH_SEQ_STATUS seq;
+		FlowRun    *flow;
+
+		hash_seq_init(&seq, Worker.flows);
+		while ((flow = hash_seq_search(&seq)) != NULL)
+			ids[n++] = Int64GetDatum(flow->id);
+		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+		Exec("SELECT u.id FROM unnest($1) u(id) WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f"
+			 " WHERE f.id = u.id AND f.status IN ('running', 'interrupted'))",
+			 1, types, &arg, NULL, SPI_OK_SELECT);
+		DropReturnedFlows(outer, &woken, &nwoken);
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(outer);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	if (nwoken > 0)
+		DwarfWakeWaiters(woken, nwoken);
+}
+
+/* Adds a flow id to a list of them, once. */
+static List *
+AddTree(List *trees, int64 root)
+{
+	ListCell   *lc;
+	int64	   *item;
+
+	foreach(lc, trees)
+		if (*(int64 *) lfirst(lc) == root)
+			return trees;
+	item = palloc(sizeof(int64));
+	*item = root;
+	return lappend(trees, item);
+}
+
+/*
  * Takes the notes queued for this worker: flows to load or reload, and
  * dwarf.run callers waiting for their create.  Returns whether any came.
  */
@@ -783,6 +891,9 @@ DrainNotes(List **requests)
 	int			n,
 				i;
 	bool		any = false;
+	List	   *cancelled = NIL;
+	List	   *capped = NIL;
+	bool		prune = false;
 
 	do
 	{
@@ -794,6 +905,7 @@ DrainNotes(List **requests)
 		{
 			Worker.slot->overflow = false;
 			Worker.full_scan = true;
+			prune = true;
 		}
 		SpinLockRelease(&Worker.slot->mutex);
 
@@ -818,9 +930,16 @@ DrainNotes(List **requests)
 				case NOTE_RUN_REQUEST:
 					*requests = lappend_int(*requests, (int) notes[i].flow_id);
 					break;
+				case NOTE_CANCEL_TREE:
+					cancelled = AddTree(cancelled, notes[i].flow_id);
+					break;
+				case NOTE_TREE_CAP:
+					capped = AddTree(capped, notes[i].flow_id);
+					break;
 			}
 		}
 	} while (n == lengthof(notes));
+	HandleTreeNotes(cancelled, capped, prune);
 	return any || Worker.full_scan;
 }
 
@@ -839,6 +958,16 @@ ExitIfNotInstalled(void)
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	extension = get_extension_oid("dwarf", true);
+
+	/*
+	 * A DROP EXTENSION in progress holds this lock (dwarf.c): wait for it
+	 * here, holding no other, then look again.
+	 */
+	if (OidIsValid(extension))
+	{
+		LockDatabaseObject(ExtensionRelationId, extension, 0, AccessShareLock);
+		extension = get_extension_oid("dwarf", true);
+	}
 	CommitTransactionCommand();
 	if (!OidIsValid(installed_as))
 		installed_as = extension;
