@@ -85,7 +85,7 @@ DwarfRunnerMain(Datum arg)
 	CrashesInitRunner(DatumGetInt32(arg));
 	Worker.full_scan = false;
 	NoteLoad(slot->flow_id, true);
-	list_free_deep(LoadFlows());	/* not queued: the step below is all it runs */
+	list_free_deep(LoadFlows(1));	/* not queued: the step below is all it runs */
 
 	flow = hash_search(Worker.flows, &slot->flow_id, HASH_FIND, NULL);
 	token = flow ? FlowFindToken(flow, slot->token_id) : NULL;

@@ -730,13 +730,13 @@ ShrinkFlowTable(void)
 }
 
 /*
- * Loads the flows listed in Worker.to_load, up to DWARF_LOAD_CHUNK of them
+ * Loads the flows listed in Worker.to_load, up to max of them
  * (after a full scan, those of ours that can run soon, see ScanFlows).
  * Returns what it took, LoadItems (the caller frees them): the caller
  * queues those in memory, as the store queues nothing.
  */
 List *
-LoadFlows(void)
+LoadFlows(int max)
 {
 	List	   *items;
 	List	   *closed = NIL;	/* in outer: used after the commit */
@@ -768,7 +768,7 @@ LoadFlows(void)
 	 * than it runs: the sleepers among them leave memory again as soon as
 	 * they are loaded.
 	 */
-	if (list_length(Worker.to_load) <= DWARF_LOAD_CHUNK)
+	if (list_length(Worker.to_load) <= max)
 	{
 		items = Worker.to_load;
 		Worker.to_load = NIL;
@@ -777,8 +777,8 @@ LoadFlows(void)
 	{
 		MemoryContext old = MemoryContextSwitchTo(Worker.context);
 
-		items = list_copy_head(Worker.to_load, DWARF_LOAD_CHUNK);
-		Worker.to_load = list_delete_first_n(Worker.to_load, DWARF_LOAD_CHUNK);
+		items = list_copy_head(Worker.to_load, max);
+		Worker.to_load = list_delete_first_n(Worker.to_load, max);
 		MemoryContextSwitchTo(old);
 	}
 

@@ -515,12 +515,13 @@ QueueOrEvict(FlowRun *flow)
 }
 
 /*
- * Loads the next flows to load (LoadFlows), and queues or evicts each.
+ * Loads up to max of the flows to load (LoadFlows), and queues or evicts
+ * each.
  */
 static void
-LoadAndQueue(void)
+LoadAndQueue(int max)
 {
-	List	   *items = LoadFlows();
+	List	   *items = LoadFlows(max);
 	ListCell   *lc;
 
 	foreach(lc, items)
@@ -1122,11 +1123,15 @@ DwarfWorkerMain(Datum arg)
 		}
 		while (list_length(Worker.to_load) < DWARF_LOAD_CHUNK && TakeDueSleeper(&sleeper))
 			NoteLoad(sleeper, true);
-		/* more flows only once the ready queue is short: memory follows work */
-		if (Worker.full_scan ||
-			(Worker.to_load != NIL &&
-			 (Worker.ready_count < DWARF_LOAD_CHUNK || !QueueHasRunnable())))
-			LoadAndQueue();
+		/*
+		 * A chunk of flows to load while the ready queue is short, and only
+		 * a batch's worth a round while it is long: memory follows work, and
+		 * yet a queue that never drains (flows that loop) starves no flow
+		 * waiting to load.
+		 */
+		if (Worker.full_scan || Worker.to_load != NIL)
+			LoadAndQueue(Worker.full_scan || Worker.ready_count < DWARF_LOAD_CHUNK ||
+						 !QueueHasRunnable() ? DWARF_LOAD_CHUNK : Max(dwarf_batch_size, 1));
 		MemoryContextSwitchTo(Worker.batch_context);	/* whatever a commit above left */
 		(void) MoveDueTimers();
 		RunBatch(requests);

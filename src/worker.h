@@ -189,7 +189,7 @@ extern long SleepersNextMs(void);
 /* store.c */
 extern void StoreInit(void);
 extern void PreparePlans(void);
-extern List *LoadFlows(void);
+extern List *LoadFlows(int max);
 extern void ShrinkFlowTable(void);
 extern ErrorData *AbortAfterError(MemoryContext cxt);
 extern void FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row);
