@@ -80,6 +80,9 @@ typedef struct FlowRun
 	int64		time_budget_ms; /* 0 for none */
 	bool		delete_on_completion;
 	int64		parent_id;		/* a dwarf.subgraph child's parent, or 0 */
+	int64		root_id;		/* the top of its tree of subgraphs (itself
+								 * when it is the top): a NOTE_CANCEL_TREE
+								 * names it */
 	int64		steps;			/* step rows so far (dwarf.max_flow_steps) */
 	FlowStatus	status;
 	Jsonb	   *final_state;

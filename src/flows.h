@@ -80,6 +80,7 @@ typedef struct FlowRow
 	char	   *start_task;		/* NULL: the graph's entry */
 	int64		parent_id;		/* 0: none */
 	bool		orphan;			/* a child whose parent has closed or gone */
+	int64		root_id;		/* the top of its tree of subgraphs; 0: itself */
 } FlowRow;
 
 /*
@@ -102,7 +103,8 @@ enum
 	Anum_flowrow_delete_on_completion,
 	Anum_flowrow_start_task,
 	Anum_flowrow_parent_id,
-	Anum_flowrow_orphan
+	Anum_flowrow_orphan,
+	Anum_flowrow_root_id
 };
 #define FLOW_ROW_COLUMNS \
 	"f.id, f.graph_id, f.owner::oid, f.priority, f.input, f.resume_data, f.baggage," \
@@ -110,7 +112,8 @@ enum
 	" (extract(epoch FROM f.time_budget) * 1000)::bigint, f.delete_on_completion, f.start_task," \
 	" f.parent_id," \
 	" f.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id" \
-	"  AND p.status IN ('running', 'interrupted'))"
+	"  AND p.status IN ('running', 'interrupted'))," \
+	" f.root_id"
 
 /* ---------- arguments ---------- */
 

@@ -118,13 +118,15 @@ static volatile TimestampTz TaskSince = 0;
 static volatile int64 TaskLimitUs = 0;	/* stop it after this long; 0: never */
 static volatile sig_atomic_t TaskLimitStop = STOP_NONE; /* and why */
 static volatile int64 TaskFlow = 0;
+static volatile int64 TaskTree = 0; /* the top of TaskFlow's tree */
 static volatile uint32 TaskSeen = 0;	/* the ring is read up to here */
 static volatile sig_atomic_t TaskStopped = STOP_NONE;
 static uint32 BatchSeen = 0;	/* the ring's end when the batch started */
 static bool StoppedThrow = false;	/* a stop rethrown from a shared batch */
 
 /*
- * Has a cancel of the running task's flow come on the ring we watch (our
+ * Has a cancel of the running task's flow, or of its whole tree of
+ * subgraphs, come on the ring we watch (our
  * own, or a runner's lender's) since the batch started?  Read without the
  * ring's lock, from a signal handler: a worker's own ring does not change
  * under it while the worker runs a batch but for new notes at its end; a
@@ -146,7 +148,8 @@ CancelNoted(void)
 	{
 		volatile DwarfNote *note = &slot->ring[i % DWARF_RING_SIZE];
 
-		if (note->kind == NOTE_CANCEL_FLOW && note->flow_id == TaskFlow)
+		if ((note->kind == NOTE_CANCEL_FLOW && note->flow_id == TaskFlow) ||
+			(note->kind == NOTE_CANCEL_TREE && note->flow_id == TaskTree))
 			return true;
 	}
 	TaskSeen = tail;
@@ -235,6 +238,7 @@ TaskBegins(FlowRun *flow, TimestampTz started, bool preemptible)
 {
 	TaskStopped = STOP_NONE;
 	TaskFlow = flow->id;
+	TaskTree = flow->root_id;
 	TaskSeen = BatchSeen;
 	if (Worker.is_runner)
 	{

@@ -466,6 +466,8 @@ FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row)
 	d = SPI_getbinval(tup, desc, Anum_flowrow_parent_id, &isnull);
 	row->parent_id = isnull ? 0 : DatumGetInt64(d);
 	row->orphan = DatumGetBool(SPI_getbinval(tup, desc, Anum_flowrow_orphan, &isnull));
+	d = SPI_getbinval(tup, desc, Anum_flowrow_root_id, &isnull);
+	row->root_id = isnull ? 0 : DatumGetInt64(d);
 }
 
 /*
@@ -518,6 +520,7 @@ AddFlow(const FlowRow *row, bool replay)
 	flow->time_budget_ms = row->time_budget_ms;
 	flow->delete_on_completion = row->delete_on_completion;
 	flow->parent_id = row->parent_id;
+	flow->root_id = row->root_id ? row->root_id : row->id;
 	if (replay)
 	{
 		dlist_iter	iter;

@@ -72,14 +72,15 @@ static List *Alone = NIL;		/* ReadyEntries to run one per transaction */
 
 /*
  * Flows that something outside changed (cancel, resume, a runner's step)
- * since *seen: the reload notes that came on our ring while a batch ran.
+ * since *seen: the reload notes that came on our ring while a batch ran,
+ * and the trees a cancel reached (a flow is in the tree its root_id names).
  * Their steps still in the batch do not run: the flow is reloaded after
  * the commit, and a cancelled flow starts no further step.
  */
 static bool
-ChangedSince(uint32 *seen, int64 flow_id)
+ChangedSince(uint32 *seen, int64 flow_id, int64 root_id)
 {
-	static int64 *changed = NULL;
+	static DwarfNote *changed = NULL;	/* the notes that count, kind and id */
 	static int	nchanged = 0;
 	int			i;
 
@@ -94,7 +95,7 @@ ChangedSince(uint32 *seen, int64 flow_id)
 	if (Worker.slot->tail != *seen)	/* unlocked peek; read again under the lock */
 	{
 		if (changed == NULL)
-			changed = MemoryContextAlloc(TopMemoryContext, sizeof(int64) * DWARF_RING_SIZE);
+			changed = MemoryContextAlloc(TopMemoryContext, sizeof(DwarfNote) * DWARF_RING_SIZE);
 		SpinLockAcquire(&Worker.slot->mutex);
 		if (Worker.slot->tail - *seen > DWARF_RING_SIZE)
 			*seen = Worker.slot->tail - DWARF_RING_SIZE;
@@ -102,13 +103,15 @@ ChangedSince(uint32 *seen, int64 flow_id)
 		{
 			DwarfNote  *note = &Worker.slot->ring[*seen % DWARF_RING_SIZE];
 
-			if (note->kind == NOTE_RELOAD_FLOW || note->kind == NOTE_CANCEL_FLOW)
-				changed[nchanged++] = note->flow_id;
+			if (note->kind == NOTE_RELOAD_FLOW || note->kind == NOTE_CANCEL_FLOW ||
+				note->kind == NOTE_CANCEL_TREE)
+				changed[nchanged++] = *note;
 		}
 		SpinLockRelease(&Worker.slot->mutex);
 	}
 	for (i = 0; i < nchanged; i++)
-		if (changed[i] == flow_id)
+		if (changed[i].kind == NOTE_CANCEL_TREE ? changed[i].flow_id == root_id :
+			changed[i].flow_id == flow_id)
 			return true;
 	return false;
 }
@@ -235,7 +238,7 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 
 	if (token == NULL || flow->status != FLOW_RUNNING)
 		return;					/* its flow closed or broke earlier in the batch */
-	if (ChangedSince(&b->seen, flow->id) || FlowIsLent(flow->id) ||
+	if (ChangedSince(&b->seen, flow->id, flow->root_id) || FlowIsLent(flow->id) ||
 		(b->ran > 0 && GetCurrentTimestamp() > b->deadline))
 	{
 		token->running = false; /* queued again after the commit */
@@ -591,7 +594,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	b->parked = palloc(sizeof(int64) * Max(list_length(entries), b->max));
 	b->seen = 0xFFFFFFFF;
 	BeginBatch();
-	(void) ChangedSince(&b->seen, 0);
+	(void) ChangedSince(&b->seen, 0, 0);
 	StepTimerArm(b->seen);
 	b->deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
 	if (!Worker.is_runner)

@@ -177,6 +177,48 @@ is( $node->safe_psql('big',
 is($node->safe_psql('big', "SELECT dwarf.cancel($root)"), 'f',
 	'cancelling the closed top again returns false');
 
+# ---------------------------------------------------------------- running steps of a tree
+
+# A cancel of a tree too large for a note per flow (one note for the tree)
+# stops the steps of the tree already running, in a worker or a runner, as
+# a flow's own cancel does: the top's 100 for_each branches each start a
+# child that naps in app.nap (up to ten minutes, a tenth of a second at a
+# time) until the top is cancelled.
+$node->safe_psql('big', q{
+CREATE FUNCTION app.nap(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+	FOR i IN 1 .. 6000 LOOP
+		PERFORM pg_catalog.pg_sleep(0.1);
+	END LOOP;
+	RETURN '{}';
+END $$;
+SELECT dwarf.define('nap', '{"tasks": {"Nap": "app.nap"}}');
+CREATE FUNCTION app.start_nap(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM dwarf.subgraph('nap', '{}');
+	RETURN '{}';
+END $$;
+CREATE FUNCTION app.hundred(s jsonb) RETURNS jsonb LANGUAGE sql
+	AS $$ SELECT jsonb_build_object('items', (SELECT jsonb_agg(i) FROM generate_series(1, 100) i)) $$;
+SELECT dwarf.define('naps', '{"entry": "Split", "tasks": {"Split": "app.hundred", "Start": "app.start_nap"},
+  "transitions": [{"from": "Split", "to": "Start", "for_each": "items"}]}');
+});
+my $napping = q{SELECT count(*) FROM pg_stat_activity
+ WHERE backend_type IN ('dwarf worker', 'dwarf runner') AND wait_event = 'PgSleep'};
+$root = $node->safe_psql('big', q{SELECT dwarf.create('naps', '{}')});
+ok($node->poll_query_until('big', tree_sql($root, 'count(*) = 101')),
+	'a tree of 101 flows: the top and its 100 napping children');
+ok($node->poll_query_until('big', "SELECT ($napping) > 0"), 'steps of the tree nap');
+my $log_from = -s $node->logfile;
+is($node->safe_psql('big', "SELECT dwarf.cancel($root)"), 't', 'the top of the napping tree is cancelled');
+ok($node->poll_query_until('big', $napping, '0'),
+	'no step of the cancelled tree runs on (none would end for ten minutes)');
+like(substr(slurp_file($node->logfile), $log_from), qr/the running step of task "Nap" of flow \d+ was stopped: its flow was cancelled/,
+	'the log says a running step was stopped for the cancel');
+is( $node->safe_psql('big',
+		tree_sql($root, "count(*) FILTER (WHERE status IN ('running', 'interrupted'))")),
+	'0', 'no flow of the napping tree runs');
+
 # ---------------------------------------------------------------- drop under load
 
 $node->safe_psql('big', q{SELECT count(dwarf.create('loop', '{}')) FROM generate_series(1, 2000)});
