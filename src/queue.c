@@ -24,7 +24,7 @@
 /* A fairness key's virtual clock: how far its flows have been served. */
 typedef struct FairKey
 {
-	char		key[NAMEDATALEN];	/* hash key; "" for flows without one */
+	char		key[NAMEDATALEN];	/* hash key: "owner:fairness key" (see GetFairKey) */
 	double		pass;
 } FairKey;
 
@@ -57,15 +57,20 @@ MakeReady(ReadyEntry *entry)
 	Worker.ready_count++;
 }
 
+/*
+ * The fairness class of a flow's steps: its owner's, and within the owner's,
+ * its fairness key's.  Classes share the worker by weight, so one role's
+ * backlog (a fork bomb, a burst of a million creates) queues behind its own
+ * steps, not before another role's.
+ */
 static FairKey *
-GetFairKey(const char *key)
+GetFairKey(Oid owner, const char *key)
 {
 	char		name[NAMEDATALEN] = {0};
 	FairKey    *fair;
 	bool		found;
 
-	if (key)
-		strlcpy(name, key, NAMEDATALEN);
+	snprintf(name, NAMEDATALEN, "%u:%s", owner, key ? key : "");
 	fair = hash_search(FairKeys, name, HASH_ENTER, &found);
 	if (!found)
 		fair->pass = VirtualTime;
@@ -92,7 +97,7 @@ NewReadyEntry(FlowRun *flow, Token *token)
 	entry->priority = flow->priority;
 	entry->seq = ReadySeq++;
 	entry->due = token->due;
-	entry->fair = GetFairKey(flow->fairness_key);
+	entry->fair = GetFairKey(flow->owner, flow->fairness_key);
 	entry->weight = Max(flow->fairness_weight, 1);
 	return entry;
 }
