@@ -18,6 +18,7 @@
 #include "storage/proc.h"
 #include "storage/procarray.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/guc.h"
@@ -124,7 +125,11 @@ StopWorkersForDrop(void)
 	int			n;
 	int			waited = 0;
 
-	if (!OidIsValid(extension))
+	/*
+	 * Only for a role that may drop it: anyone else's DROP fails on its
+	 * privileges as usual, and must not stop the workers on the way.
+	 */
+	if (!OidIsValid(extension) || !pg_extension_ownercheck(extension, GetUserId()))
 		return;
 	LockDatabaseObject(ExtensionRelationId, extension, 0, AccessExclusiveLock);
 	n = StopDatabaseWorkers(MyDatabaseId, pids);

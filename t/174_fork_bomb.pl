@@ -219,6 +219,19 @@ is( $node->safe_psql('big',
 		tree_sql($root, "count(*) FILTER (WHERE status IN ('running', 'interrupted'))")),
 	'0', 'no flow of the napping tree runs');
 
+# ---------------------------------------------------------------- a drop that is refused
+
+# Only a role that may drop dwarf stops its workers for the drop: anyone
+# else's DROP EXTENSION fails on its privileges, and the workers run on.
+my $workers = q{SELECT string_agg(pid::text, ',' ORDER BY pid) FROM pg_stat_activity
+ WHERE backend_type = 'dwarf worker' AND datname = 'big'};
+my $before = $node->safe_psql('big', $workers);
+$node->safe_psql('big', 'CREATE ROLE nobody_special LOGIN');
+($rc, $out, $err) = $node->psql('big', 'DROP EXTENSION dwarf CASCADE',
+	extra_params => [ '-U', 'nobody_special' ]);
+like($err, qr/must be owner of extension dwarf/, "an ordinary role's DROP EXTENSION dwarf is refused");
+is($node->safe_psql('big', $workers), $before, 'and the workers it could not drop run on, the same processes');
+
 # ---------------------------------------------------------------- drop under load
 
 $node->safe_psql('big', q{SELECT count(dwarf.create('loop', '{}')) FROM generate_series(1, 2000)});
