@@ -148,7 +148,11 @@ check_few($short, $ask, 'after a restart');
 }
 is($node->safe_psql('postgres', qq{
 SELECT count(*) FROM dwarf.flow WHERE status = 'running'}),
-	$N + 1, 'the long sleepers still sleep');
+	$N + 1, 'the long sleepers still sleep')
+  or diag $node->safe_psql('postgres', q{
+SELECT status, count(*), min(error), min(cancel_reason) FROM dwarf.flow GROUP BY 1;
+SELECT s.task, s.status, count(*) FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id
+ WHERE f.status <> 'running' GROUP BY 1, 2});
 is($node->safe_psql('postgres', qq{
 SELECT count(*) FROM dwarf.step WHERE flow_id IN (SELECT id FROM dwarf.flow WHERE status = 'cancelled')
    AND task = 'Woke'}), '0', 'the cancelled sleeper never woke');
