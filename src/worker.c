@@ -885,6 +885,22 @@ AddTree(List *trees, int64 root)
 }
 
 /*
+ * When the last full scan of the tables ended (LoadFlows): 0 for none yet.
+ * A new flow's note that comes around a scan may name a flow the scan
+ * already loaded, ran and evicted since (a sleeper): loaded again as new,
+ * without its steps, it would run its first step twice.
+ */
+static TimestampTz LastScan = 0;
+
+/* May a new flow's note be for a flow a scan took in already? */
+static bool
+NoteMayBeStale(void)
+{
+	return Worker.full_scan ||
+		(LastScan != 0 && GetCurrentTimestamp() - LastScan < USECS_PER_SEC);
+}
+
+/*
  * Takes the notes queued for this worker: flows to load or reload, and
  * dwarf.run callers waiting for their create.  Returns whether any came.
  */
@@ -922,7 +938,7 @@ DrainNotes(List **requests)
 			{
 				case NOTE_NEW_FLOW:
 					if (hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL) == NULL)
-						NoteLoad(notes[i].flow_id, false);
+						NoteLoad(notes[i].flow_id, NoteMayBeStale());
 					break;
 				case NOTE_RELOAD_FLOW:
 				case NOTE_CANCEL_FLOW:
@@ -1132,9 +1148,14 @@ DwarfWorkerMain(Datum arg)
 		 * yet a queue that never drains (flows that loop) starves no flow
 		 * waiting to load.
 		 */
-		if (Worker.full_scan || Worker.to_load != NIL)
-			LoadAndQueue(Worker.full_scan || Worker.ready_count < DWARF_LOAD_CHUNK ||
-						 !QueueHasRunnable() ? DWARF_LOAD_CHUNK : Max(dwarf_batch_size, 1));
+		if (Worker.full_scan)
+		{
+			LoadAndQueue(DWARF_LOAD_CHUNK);
+			LastScan = GetCurrentTimestamp();	/* when it ended */
+		}
+		else if (Worker.to_load != NIL)
+			LoadAndQueue(Worker.ready_count < DWARF_LOAD_CHUNK || !QueueHasRunnable() ?
+						 DWARF_LOAD_CHUNK : Max(dwarf_batch_size, 1));
 		MemoryContextSwitchTo(Worker.batch_context);	/* whatever a commit above left */
 		(void) MoveDueTimers();
 		RunBatch(requests);
