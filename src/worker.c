@@ -892,12 +892,16 @@ AddTree(List *trees, int64 root)
  */
 static TimestampTz LastScan = 0;
 
-/* May a new flow's note be for a flow a scan took in already? */
+/*
+ * May a new flow's note be for a flow a scan took in already?  The notes
+ * of the flows a scan saw are on the ring when it ends, and drained in the
+ * next round of the loop; ten seconds leave a loaded machine a wide margin.
+ */
 static bool
 NoteMayBeStale(void)
 {
 	return Worker.full_scan ||
-		(LastScan != 0 && GetCurrentTimestamp() - LastScan < USECS_PER_SEC);
+		(LastScan != 0 && GetCurrentTimestamp() - LastScan < 10 * USECS_PER_SEC);
 }
 
 /*
