@@ -64,6 +64,9 @@ extern int	dwarf_max_step_children;
 /* Longest idempotency key, thread or fairness key (they are indexed). */
 #define DWARF_MAX_KEY		1024
 
+/* An external task's lease when its definition gives none: 5 minutes. */
+#define DWARF_DEFAULT_LEASE_MS	(5 * 60 * 1000)
+
 /* Most tasks a graph may have. */
 #define DWARF_MAX_TASKS		10000
 

@@ -18,6 +18,9 @@
 #include "catalog/pg_type.h"
 #include "parser/parse_func.h"
 #include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/float.h"
+#include "utils/numeric.h"
 #include "utils/fmgrprotos.h"
 #include "utils/jsonpath.h"
 #include "utils/lsyscache.h"
@@ -28,6 +31,7 @@
 
 #include "dwarf.h"
 #include "graph.h"
+#include "flows.h"
 #include "json.h"
 
 #define DefinitionError(...) \
@@ -365,7 +369,225 @@ ParseTransition(Graph *graph, JsonbValue *elem, int number)
 	}
 }
 
-/* "tasks": {"name": "function", ...}, each function resolved (strict: it must exist). */
+/* An interval written as a string ("30 s", "2 min"), in microseconds. */
+static int64
+IntervalValue(JsonbValue *v, const char *what)
+{
+	char	   *text = StringValue(v, what);
+	Interval   *span;
+	int64		us;
+
+	span = DatumGetIntervalP(DirectFunctionCall3(interval_in, CStringGetDatum(text),
+												 ObjectIdGetDatum(InvalidOid),
+												 Int32GetDatum(-1)));
+	us = IntervalMicros(span, what);
+	return us;
+}
+
+/* A number JsonbValue as a double, or an error naming what it is. */
+static double
+NumberValue(JsonbValue *v, const char *what)
+{
+	if (v->type != jbvNumeric)
+		DefinitionError("invalid graph definition: %s must be a number", what);
+	return DatumGetFloat8(DirectFunctionCall1(numeric_float8,
+											  NumericGetDatum(v->val.numeric)));
+}
+
+/*
+ * The errors a function task retries when its policy says nothing of them:
+ * those a later attempt can escape (a serialization failure, a deadlock, a
+ * lock not available, a statement cancelled, a lost connection of class
+ * 08, a resource run short of class 53).
+ */
+static const char *const TransientErrors[] = {
+	"40001", "40P01", "55P03", "57014", "08", "53"
+};
+
+/* Adds a SQLSTATE ("40001") or class ("08") to policy's "on". */
+static void
+AddRetryOn(RetryPolicy *policy, const char *code, const char *task)
+{
+	int			len = strlen(code);
+	int			i;
+
+	for (i = 0; i < len; i++)
+		if (!(isdigit((unsigned char) code[i]) || isupper((unsigned char) code[i])))
+			break;
+	if ((len != 5 && len != 2) || i < len)
+		DefinitionError("invalid graph definition: \"%s\" in the retry \"on\" of task \"%s\" is neither a SQLSTATE nor a class",
+						code, task);
+	policy->on[policy->non] = len == 5 ?
+		MAKE_SQLSTATE(code[0], code[1], code[2], code[3], code[4]) :
+		MAKE_SQLSTATE(code[0], code[1], '0', '0', '0');
+	policy->on_class[policy->non] = len == 2;
+	policy->non++;
+}
+
+/*
+ * "retry": {"attempts": 5, "initial": "1 s", "factor": 2, "max": "1 min",
+ * "give_up_after": "1 h", "on": ["40001", "08"]}; every key optional.
+ */
+static void
+ParseRetry(GraphNode *node, JsonbValue *retry)
+{
+	RetryPolicy *policy = &node->retry;
+	JsonbIterator *it = IterateValue(retry, true,
+									 psprintf("the retry of task \"%s\"", node->name));
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				v;
+	bool		has_on = false;
+
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		char	   *key;
+		char	   *what;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(k.val.string.val, k.val.string.len);
+		what = psprintf("the retry %s of task \"%s\"", key, node->name);
+		(void) JsonbIteratorNext(&it, &v, true);
+		if (strcmp(key, "attempts") == 0)
+		{
+			double		n = NumberValue(&v, what);
+
+			if (!(n >= 1 && n <= INT_MAX) || n != floor(n))
+				DefinitionError("invalid graph definition: %s must be a whole number of at least 1", what);
+			policy->attempts = (int) n;
+		}
+		else if (strcmp(key, "initial") == 0)
+			policy->initial_us = IntervalValue(&v, what);
+		else if (strcmp(key, "max") == 0)
+			policy->max_us = IntervalValue(&v, what);
+		else if (strcmp(key, "give_up_after") == 0)
+			policy->give_up_us = IntervalValue(&v, what);
+		else if (strcmp(key, "factor") == 0)
+		{
+			policy->factor = NumberValue(&v, what);
+			if (!(policy->factor >= 1.0) || isinf(policy->factor))
+				DefinitionError("invalid graph definition: %s must be a finite number of at least 1", what);
+		}
+		else if (strcmp(key, "on") == 0)
+		{
+			JsonbIterator *on = IterateValue(&v, false, what);
+			JsonbValue	e;
+
+			if (node->kind != TASK_FUNCTION)
+				DefinitionError("invalid graph definition: %s is for function tasks only", what);
+			has_on = true;
+			policy->on = palloc(sizeof(int) * Max(JsonContainerSize(v.val.binary.data), 1));
+			policy->on_class = palloc(sizeof(bool) * Max(JsonContainerSize(v.val.binary.data), 1));
+			while ((tok = JsonbIteratorNext(&on, &e, true)) != WJB_DONE)
+				if (tok == WJB_ELEM)
+					AddRetryOn(policy, StringValue(&e, what), node->name);
+		}
+		else
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid graph definition: unknown key \"%s\" in the retry of task \"%s\"",
+							key, node->name),
+					 errhint("A retry policy has \"attempts\", \"initial\", \"factor\", \"max\", \"give_up_after\" and, for a function task, \"on\".")));
+	}
+	if (policy->max_us < policy->initial_us)
+		policy->max_us = policy->initial_us;
+	if (!has_on && node->kind == TASK_FUNCTION)
+	{
+		int			i;
+
+		policy->on = palloc(sizeof(TransientErrors));
+		policy->on_class = palloc(sizeof(TransientErrors));
+		for (i = 0; i < lengthof(TransientErrors); i++)
+			AddRetryOn(policy, TransientErrors[i], node->name);
+	}
+}
+
+/*
+ * A task written as an object: {"function": "schema.fn"} or
+ * {"external": "queue"}, with "retry", "time_budget", "limit" and (external)
+ * "lease".
+ */
+static void
+ParseTaskObject(GraphNode *node, JsonbValue *v)
+{
+	JsonbIterator *it = IterateValue(v, true, psprintf("task \"%s\"", node->name));
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				val;
+	JsonbValue *retry = NULL;
+	int			kinds = 0;
+
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		char	   *key;
+		char	   *what;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(k.val.string.val, k.val.string.len);
+		what = psprintf("the %s of task \"%s\"", key, node->name);
+		(void) JsonbIteratorNext(&it, &val, true);
+		if (strcmp(key, "function") == 0)
+		{
+			node->kind = TASK_FUNCTION;
+			node->fn_name = StringValue(&val, what);
+			kinds++;
+		}
+		else if (strcmp(key, "external") == 0)
+		{
+			node->kind = TASK_EXTERNAL;
+			node->queue = StringValue(&val, what);
+			if (node->queue[0] == '\0' || strlen(node->queue) > NAMEDATALEN - 1)
+				DefinitionError("invalid graph definition: \"%s\" cannot name the queue of task \"%s\"",
+								node->queue, node->name);
+			kinds++;
+		}
+		else if (strcmp(key, "lease") == 0)
+		{
+			node->lease_us = IntervalValue(&val, what);
+			if (node->lease_us <= 0)
+				DefinitionError("invalid graph definition: %s must be longer than zero", what);
+		}
+		else if (strcmp(key, "time_budget") == 0)
+		{
+			node->time_budget_us = IntervalValue(&val, what);
+			if (node->time_budget_us <= 0)
+				DefinitionError("invalid graph definition: %s must be longer than zero", what);
+		}
+		else if (strcmp(key, "limit") == 0)
+			node->limit = StringValue(&val, what);
+		else if (strcmp(key, "retry") == 0)
+		{
+			retry = palloc(sizeof(JsonbValue));
+			*retry = val;
+		}
+		else
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid graph definition: unknown key \"%s\" in task \"%s\"",
+							key, node->name),
+					 errhint("A task is a function name, or an object with \"function\" or \"external\" and optionally \"retry\", \"time_budget\", \"limit\" and (external) \"lease\".")));
+	}
+	if (kinds != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: task \"%s\" must have one of \"function\" and \"external\"",
+						node->name),
+				 errhint("{\"function\": \"schema.fn\"} is a SQL function; {\"external\": \"queue\"} is done by a worker outside the server (dwarf.claim).")));
+	if (node->lease_us > 0 && node->kind != TASK_EXTERNAL)
+		DefinitionError("invalid graph definition: only an external task has a lease (task \"%s\")",
+						node->name);
+	if (node->kind == TASK_EXTERNAL && node->lease_us == 0)
+		node->lease_us = DWARF_DEFAULT_LEASE_MS * INT64CONST(1000);
+	if (retry)
+		ParseRetry(node, retry);
+}
+
+/*
+ * "tasks": {"name": "function" or {...}, ...}, each function resolved
+ * (strict: it must exist).
+ */
 static void
 ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 {
@@ -395,7 +617,20 @@ ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 			DefinitionError("invalid graph definition: \"%s\" cannot name a task", name);
 		node = &graph->nodes[n++];
 		node->name = name;
-		node->fn_name = StringValue(&v, psprintf("the function of task \"%s\"", name));
+		node->kind = TASK_FUNCTION;
+		node->retry.attempts = 1;
+		node->retry.initial_us = USECS_PER_SEC;
+		node->retry.factor = 2.0;
+		node->retry.max_us = 5 * 60 * USECS_PER_SEC;
+		if (v.type == jbvBinary && JsonContainerIsObject(v.val.binary.data))
+		{
+			node->spec = JsonbValueToJsonb(&v);
+			ParseTaskObject(node, &v);
+		}
+		else
+			node->fn_name = StringValue(&v, psprintf("the function of task \"%s\"", name));
+		if (node->kind != TASK_FUNCTION)
+			continue;
 		node->fn = ResolveFunction(name, node->fn_name, strict);
 		if (OidIsValid(node->fn))
 			node->fn_name = quote_qualified_identifier(get_namespace_name(get_func_namespace(node->fn)),
@@ -404,6 +639,43 @@ ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 	graph->nnodes = n;
 	if (n == 0)
 		DefinitionError("invalid graph definition: \"tasks\" is empty");
+}
+
+/*
+ * Is another attempt due after attempt failed (with sqlerrcode, for a
+ * function task; 0 otherwise)?  Then *delay_us is its backoff:
+ * min(initial * factor^(attempt - 1), max), at least dwarf.min_retry_delay.
+ * No: the policy's attempts are used up, the error is not one it retries,
+ * or the next attempt would start past give_up_after.
+ */
+bool
+RetryAgain(RetryPolicy *policy, int attempt, TimestampTz first_started,
+		   TimestampTz now, int sqlerrcode, int64 *delay_us)
+{
+	double		backoff;
+	int64		delay;
+
+	if (attempt >= policy->attempts)
+		return false;
+	if (sqlerrcode != 0)
+	{
+		int			i;
+
+		for (i = 0; i < policy->non; i++)
+			if (policy->on_class[i] ?
+				ERRCODE_TO_CATEGORY(sqlerrcode) == policy->on[i] :
+				sqlerrcode == policy->on[i])
+				break;
+		if (i == policy->non)
+			return false;
+	}
+	backoff = (double) policy->initial_us * pow(policy->factor, attempt - 1);
+	delay = backoff >= (double) policy->max_us ? policy->max_us : (int64) backoff;
+	delay = Max(delay, (int64) dwarf_min_retry_delay * 1000);
+	if (policy->give_up_us > 0 && now + delay - first_started > policy->give_up_us)
+		return false;
+	*delay_us = delay;
+	return true;
 }
 
 /* "fan_in": ["task", ...], the tasks that wait for every branch of a fan-out. */
@@ -789,7 +1061,8 @@ GraphParse(Jsonb *definition, MemoryContext cxt, bool strict)
 
 /*
  * The definition as dwarf.define stores it: the entry named, and every task's
- * function schema-qualified so that any search_path finds the same one.
+ * function schema-qualified so that any search_path finds the same one (a
+ * task written as an object keeps its other keys).
  */
 Jsonb *
 GraphNormalized(Graph *graph, Jsonb *definition)
@@ -813,9 +1086,30 @@ GraphNormalized(Graph *graph, Jsonb *definition)
 		k.type = jbvString;
 		k.val.string.val = graph->nodes[i].name;
 		k.val.string.len = strlen(graph->nodes[i].name);
-		v.type = jbvString;
-		v.val.string.val = graph->nodes[i].fn_name;
-		v.val.string.len = strlen(graph->nodes[i].fn_name);
+		if (graph->nodes[i].spec == NULL)
+		{
+			v.type = jbvString;
+			v.val.string.val = graph->nodes[i].fn_name;
+			v.val.string.len = strlen(graph->nodes[i].fn_name);
+		}
+		else
+		{
+			Jsonb	   *spec = graph->nodes[i].spec;
+
+			if (graph->nodes[i].kind == TASK_FUNCTION)
+			{
+				const char *fn_key = "function";
+				JsonbValue	fn;
+
+				fn.type = jbvString;
+				fn.val.string.val = graph->nodes[i].fn_name;
+				fn.val.string.len = strlen(graph->nodes[i].fn_name);
+				spec = JsonbWithKeys(spec, 1, &fn_key, &fn);
+			}
+			v.type = jbvBinary;
+			v.val.binary.data = &spec->root;
+			v.val.binary.len = VARSIZE(spec) - VARHDRSZ;
+		}
 		pushJsonbValue(&state, WJB_KEY, &k);
 		pushJsonbValue(&state, WJB_VALUE, &v);
 	}

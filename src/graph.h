@@ -59,10 +59,44 @@ typedef struct Edge
 	int			converge;		/* first fan-in reachable from the targets */
 } Edge;
 
+/* What runs a task's steps. */
+typedef enum TaskKind
+{
+	TASK_FUNCTION,				/* a SQL function, called by a worker */
+	TASK_EXTERNAL				/* a worker outside the server, through
+								 * dwarf.claim and dwarf.complete */
+} TaskKind;
+
+/*
+ * A task's retry policy ("retry" in its definition): how many attempts a
+ * step gets in all, the backoff between them, and for a function task which
+ * errors are worth another attempt.  The default is one attempt.
+ */
+typedef struct RetryPolicy
+{
+	int			attempts;		/* in all, the first included */
+	int64		initial_us;		/* backoff before the second attempt */
+	double		factor;			/* ... multiplied by this for each next one */
+	int64		max_us;			/* the longest backoff */
+	int64		give_up_us;		/* no attempt starts later than this after
+								 * the first began; 0: no limit */
+	int			non;			/* SQLSTATEs and classes retried ("on") */
+	int		   *on;				/* ... as MAKE_SQLSTATE codes */
+	bool	   *on_class;		/* ... the code is a class (its first two
+								 * characters) */
+} RetryPolicy;
+
 typedef struct GraphNode
 {
 	char	   *name;
-	char	   *fn_name;		/* as resolved: schema.name */
+	TaskKind	kind;
+	char	   *queue;			/* TASK_EXTERNAL: dwarf.claim's queue */
+	int64		lease_us;		/* TASK_EXTERNAL: a claim's default lease */
+	int64		time_budget_us; /* how long one step may take; 0: the flow's */
+	RetryPolicy retry;
+	char	   *limit;			/* the dwarf.set_limit name it counts under */
+	Jsonb	   *spec;			/* the task as written, when an object */
+	char	   *fn_name;		/* as resolved: schema.name (functions only) */
 	Oid			fn;
 	FmgrInfo   *flinfo;			/* set up by GraphPrepareCalls, shared by
 								 * the graph's tasks of the same function */
@@ -99,6 +133,8 @@ extern bool GraphCallsFunction(Graph *graph, uint32 hashvalue);
 extern int	GraphNodeByName(Graph *graph, const char *name);
 extern int	GraphStartNode(Graph *graph, const char *start_task);
 extern Edge *GraphGotoEdge(Graph *graph, int from, int to);
+extern bool RetryAgain(RetryPolicy *policy, int attempt, TimestampTz first_started,
+					   TimestampTz now, int sqlerrcode, int64 *delay_us);
 
 /* ---------- merge.c: states, changes and reducers ---------- */
 
