@@ -338,7 +338,7 @@ Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retry
 		elog(ERROR, "dwarf: could not record the answer of flow " INT64_FORMAT, info.key.flow_id);
 	RestoreUser(saved);
 	SPI_finish();
-	NoteOnCommit(info.key.flow_id, NOTE_RELOAD_FLOW, false);
+	WakeOwnerOnCommit(info.key.flow_id);	/* it takes the answer (offers.c) */
 }
 
 DWARF_FUNCTION(dwarf_complete);

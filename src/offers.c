@@ -94,6 +94,8 @@ typedef struct Offer
 	TimestampTz lease_until;
 	TransactionId xid;			/* while answering */
 	int			absent;			/* sweeps that found its flow out of memory */
+	dlist_node	in_answered;	/* while on OffersShared.answered */
+	bool		on_answered;
 } Offer;
 
 /* A lease, held or ended. */
@@ -111,6 +113,9 @@ typedef struct OffersShared
 	int			area_tranche;
 	uint64		next_lease;
 	Size		bytes;			/* of inputs and baggage in the area */
+	dlist_head	answered;		/* offers being answered, for their workers to
+								 * take once the answer committed */
+	volatile int nanswered;		/* how many: read unlocked, as a hint */
 	char		area[FLEXIBLE_ARRAY_MEMBER];	/* DWARF_OFFER_AREA_SIZE */
 } OffersShared;
 
@@ -170,6 +175,8 @@ OffersShmemStartup(void)
 			start = (uint64) GetCurrentTimestamp();
 		Offers->next_lease = (start & ((UINT64CONST(1) << 62) - 1)) + 1;
 		Offers->bytes = 0;
+		dlist_init(&Offers->answered);
+		Offers->nanswered = 0;
 		area = dsa_create_in_place(Offers->area, DWARF_OFFER_AREA_SIZE,
 								   Offers->area_tranche, NULL);
 		dsa_pin(area);
@@ -261,6 +268,12 @@ RemoveOffer(Offer *offer, LeaseEnd why)
 {
 	if (offer->state == OFFER_READY)
 		dlist_delete(&offer->in_queue);
+	if (offer->on_answered)
+	{
+		dlist_delete(&offer->in_answered);
+		offer->on_answered = false;
+		Offers->nanswered--;
+	}
 	EndLease(offer, why);
 	FreeData(offer);
 	hash_search(OfferTable, &offer->key, HASH_REMOVE, NULL);
@@ -334,6 +347,7 @@ OfferPublish(const OfferSpec *spec)
 	offer->lease = 0;
 	offer->xid = InvalidTransactionId;
 	offer->absent = 0;
+	offer->on_answered = false;
 	dlist_push_tail(&queue->ready, &offer->in_queue);
 	LWLockRelease(Offers->lock);
 	OwnOffers = true;			/* for the worker's sweeps, until one finds none */
@@ -713,9 +727,67 @@ LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info)
 	{
 		offer->state = OFFER_ANSWERING;
 		offer->xid = xid;
+		if (!offer->on_answered)
+		{
+			dlist_push_tail(&Offers->answered, &offer->in_answered);
+			offer->on_answered = true;
+			Offers->nanswered++;
+		}
 	}
 	LWLockRelease(Offers->lock);
 	return why;
+}
+
+/* May an answer wait for a worker to take it (OffersTakeAnswered)? */
+bool
+OffersAnsweredPending(void)
+{
+	return Offers->nanswered > 0;
+}
+
+/*
+ * Takes the answered steps of a worker's flows (worker_index of this
+ * database) whose answer has committed, as AnsweredSteps; its worker
+ * hands each to its branch.  An answer rolled back gives its lease back;
+ * one in progress stays for a later call.  Committed means visible: the
+ * answering transaction has left the proc array too, so a snapshot taken
+ * from now on sees the answer's row.
+ */
+List *
+OffersTakeAnswered(int worker_index)
+{
+	dlist_mutable_iter iter;
+	List	   *taken = NIL;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	dlist_foreach_modify(iter, &Offers->answered)
+	{
+		Offer	   *offer = dlist_container(Offer, in_answered, iter.cur);
+		AnsweredStep *step;
+
+		if (offer->key.dboid != MyDatabaseId || DwarfWorkerOf(offer->key.flow_id) != worker_index)
+			continue;
+		if (offer->state == OFFER_ANSWERING && TransactionIdIsInProgress(offer->xid))
+			continue;
+		dlist_delete(&offer->in_answered);
+		offer->on_answered = false;
+		Offers->nanswered--;
+		if (offer->state != OFFER_ANSWERING)
+			continue;
+		if (!TransactionIdDidCommit(offer->xid))
+		{
+			offer->state = OFFER_LEASED;	/* the answer rolled back */
+			offer->xid = InvalidTransactionId;
+			continue;
+		}
+		step = palloc(sizeof(AnsweredStep));
+		step->key = offer->key;
+		step->visits = offer->visits;
+		step->attempt = offer->attempt;
+		taken = lappend(taken, step);
+	}
+	LWLockRelease(Offers->lock);
+	return taken;
 }
 
 /* Looks a lease up: LEASE_HELD and info, or why it is not held. */

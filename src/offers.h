@@ -87,6 +87,14 @@ typedef struct LeaseInfo
 	TimestampTz lease_until;	/* or when it ended */
 } LeaseInfo;
 
+/* A step whose answer committed, for its worker to record. */
+typedef struct AnsweredStep
+{
+	OfferKey	key;
+	int32		visits;
+	int32		attempt;
+} AnsweredStep;
+
 /* A lease a worker's sweep found run out: its step's attempt failed. */
 typedef struct ExpiredLease
 {
@@ -107,6 +115,8 @@ extern int	OfferWithdrawFlow(Oid dboid, int64 flow_id);
 extern List *OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
 						 TimestampTz *next_due);
 extern bool OffersPending(void);
+extern bool OffersAnsweredPending(void);
+extern List *OffersTakeAnswered(int worker_index);
 extern bool OfferAnswered(const OfferKey *key, int32 visits, int32 attempt);
 
 /* dwarf.claim, complete, fail, extend */

@@ -985,6 +985,49 @@ FlowHeld(int64 flow_id)
 	return hash_search(Worker.flows, &flow_id, HASH_FIND, NULL) != NULL;
 }
 
+/*
+ * Takes the answers outside workers committed for this worker's external
+ * steps (dwarf.complete, dwarf.fail; offers.c keeps which): a flow in
+ * memory gets each answer on its waiting branch, and is queued for the
+ * next batch to record it; a flow out of memory is loaded, and takes its
+ * answers as it loads.  One statement for all of them: no flow is loaded
+ * again for an answer.
+ */
+static void
+TakeAnsweredSteps(void)
+{
+	List	   *answered;
+	ListCell   *lc;
+	int64	   *ids;
+	int			n = 0;
+
+	if (!OffersAnsweredPending())
+		return;
+	answered = OffersTakeAnswered(Worker.slot->index);
+	if (answered == NIL)
+		return;
+	ids = palloc(sizeof(int64) * list_length(answered));
+	foreach(lc, answered)
+	{
+		AnsweredStep *step = lfirst(lc);
+
+		if (hash_search(Worker.flows, &step->key.flow_id, HASH_FIND, NULL) != NULL)
+			ids[n++] = step->key.flow_id;
+		else
+			NoteLoad(step->key.flow_id, true);
+	}
+	if (n > 0)
+	{
+		List	   *flows = LoadAnswers(ids, n);
+
+		foreach(lc, flows)
+			QueueOrEvict(lfirst(lc));
+		list_free(flows);
+	}
+	list_free_deep(answered);
+	pfree(ids);
+}
+
 /* When the offers are swept next (SweepOffers). */
 static TimestampTz NextSweep = 0;
 
@@ -1204,6 +1247,7 @@ DwarfWorkerMain(Datum arg)
 		MemoryContextSwitchTo(Worker.batch_context);
 		runner_timer = RunnerPoll();
 		(void) DrainNotes(&requests);
+		TakeAnsweredSteps();
 		offers_timer = SweepOffers();
 		requests = IntakeRedo(requests);
 		if (requests != NIL && !BatchTakesRequests())

@@ -203,6 +203,7 @@ extern bool FlowStillRuns(int64 flow_id);
 extern void WriteClose(FlowRun *flow);
 extern void ParkRow(FlowRun *flow, Token *token);
 extern void DeleteAnswer(int64 flow_id, int token_id, int visits, int attempt);
+extern List *LoadAnswers(int64 *ids, int n);
 extern void RecordStep(FlowRun *flow, int token_id, int node, int attempt,
 					   StepOutcome *outcome, TimestampTz started, TimestampTz finished);
 
