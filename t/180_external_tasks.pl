@@ -20,13 +20,16 @@
 #  6. a claim waiting on an empty queue is woken by a step that becomes
 #     ready, and one that times out returns nothing;
 #  7. a server crash with leases out: every waiting step is offered again,
-#     the old leases are refused, and each flow completes once.
+#     the old leases are refused, and each flow completes once;
+#  8. the README's two workers (in plain SQL, and in a shell with psql) do
+#     what it says.
 use strict;
 use warnings;
 
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 use Time::HiRes qw(time);
 use FindBin;
 use lib $FindBin::Bin;
@@ -267,6 +270,48 @@ for my $i (@ids)
 }
 is(as('alice', q{SELECT count(*) FROM dwarf.step WHERE task = 'charge' AND status = 'completed'
 	GROUP BY flow_id HAVING count(*) > 1}), '', 'no step completed twice');
+
+# ------------------------------------------------------------------ 8. the README's workers
+my $readme = slurp_file("$FindBin::Bin/../README.md");
+$readme =~ /## Work outside the database(.*?)\n## /s or die 'no README section';
+my $section = $1;
+my ($sql_worker) = $section =~ /```sql\n(.*?)```/s;
+my ($sh_worker)  = $section =~ /```sh\n(.*?)```/s;
+as('postgres', q{
+CREATE SCHEMA shop;
+CREATE TABLE shop.summaries (flow_id bigint, body text);
+SELECT dwarf.define('summaries', '{"tasks": {"Summarize": {"external": "llm", "lease": "2 min"}}}');
+SELECT count(dwarf.create('summaries', jsonb_build_object('text', 'text number ' || g)))
+  FROM generate_series(1, 3) g;
+});
+$sql_worker =~ s/CALL shop.summarize_worker\(\);/CALL shop.summarize_worker(1);/ or die 'no CALL';
+as('postgres', $sql_worker);
+is(as('postgres', q{SELECT count(*) FROM shop.summaries}), '3', "the README's SQL worker wrote its rows");
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	WHERE g.name = 'summaries' AND f.status = 'completed' AND f.state->>'summary' LIKE 'text number %'}, '3'),
+	"the README's SQL worker completed the steps with its changes");
+
+my $bin = PostgreSQL::Test::Utils::tempdir;
+open my $fh, '>', "$bin/summarize" or die;
+print $fh "#!/bin/sh\ntr a-z A-Z\n";
+close $fh;
+chmod 0755, "$bin/summarize";
+as('postgres', q{SELECT count(dwarf.create('summaries', jsonb_build_object('text', 'shell ' || g)))
+  FROM generate_series(1, 2) g});
+$sh_worker =~ s/^while :; do/for round in 1 2; do/ or die 'no loop';
+$sh_worker =~ s/wait => '30 s'/wait => '5 s'/;
+{
+	local $ENV{PATH}       = "$bin:$ENV{PATH}";
+	local $ENV{PGHOST}     = $node->host;
+	local $ENV{PGPORT}     = $node->port;
+	local $ENV{PGDATABASE} = 'postgres';
+	my ($stdout, $stderr);
+	IPC::Run::run([ 'bash', '-c', $sh_worker ], '>', \$stdout, '2>', \$stderr);
+	is($stderr, '', "the README's shell worker runs without errors");
+}
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+	WHERE g.name = 'summaries' AND f.status = 'completed' AND f.state->>'summary' LIKE '%SHELL %'}, '2'),
+	"the README's shell worker completed the steps with the program's output");
 
 check_no_crash($node, 'no process crashed');
 stop_node($node, $t0);
