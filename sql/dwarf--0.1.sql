@@ -459,6 +459,16 @@ COMMENT ON FUNCTION dwarf.extend(bigint, interval) IS
 	'Heartbeat of a long external step: its lease now ends lease_for from now (returned). '
 	'A lease that ran out is not extended: its attempt has failed';
 
+CREATE FUNCTION dwarf.external_steps(queue text DEFAULT NULL)
+	RETURNS TABLE (queue text, flow_id bigint, task text, attempt int, state text,
+				   leased_at timestamptz, lease_until timestamptz)
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_external_steps';
+COMMENT ON FUNCTION dwarf.external_steps(text) IS
+	'The steps of external tasks waiting now, of flows whose owners'' privileges you have: '
+	'ready, leased (since, until), answering, or expired (its failed attempt being recorded)';
+
 CREATE FUNCTION dwarf.goto(task text) RETURNS void
 	LANGUAGE c STRICT
 	AS 'MODULE_PATHNAME', 'dwarf_goto';

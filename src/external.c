@@ -422,3 +422,42 @@ dwarf_extend(PG_FUNCTION_ARGS)
 	LeaseNotHeld(lease, why, &info, "dwarf.extend");
 	PG_RETURN_TIMESTAMPTZ(info.lease_until);
 }
+
+DWARF_FUNCTION(dwarf_external_steps);
+
+/*
+ * dwarf.external_steps(queue): the steps of external tasks waiting now (of
+ * one queue, or all), of flows whose owners' privileges the caller has:
+ * ready to claim, leased (since when, until when), being answered, or
+ * expired (their attempt is being recorded as failed).
+ */
+Datum
+dwarf_external_steps(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	List	   *steps = OffersList(PG_ARGISNULL(0) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	Oid			user = GetUserId();
+	ListCell   *lc;
+
+	InitMaterializedSRF(fcinfo, 0);
+	foreach(lc, steps)
+	{
+		OfferedStep *step = lfirst(lc);
+		Datum		values[7];
+		bool		nulls[7] = {0};
+
+		if (!has_privs_of_role(user, step->owner))
+			continue;
+		values[0] = CStringGetTextDatum(step->queue);
+		values[1] = Int64GetDatum(step->flow_id);
+		values[2] = CStringGetTextDatum(step->task);
+		values[3] = Int32GetDatum(step->attempt);
+		values[4] = CStringGetTextDatum(step->state);
+		values[5] = TimestampTzGetDatum(step->leased_at);
+		nulls[5] = step->leased_at == 0;
+		values[6] = TimestampTzGetDatum(step->lease_until);
+		nulls[6] = step->lease_until == 0;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}

@@ -46,7 +46,10 @@
 #include "offers.h"
 #include "shmem.h"
 
-/* How long a lease that ended is remembered, for the errors of late answers. */
+/*
+ * How long a lease that ended is remembered, for the errors of late
+ * answers (or less, when the table of leases fills up).
+ */
 #define DWARF_LEASE_MEMORY_MS	(10 * 60 * 1000)
 
 /* The first part of the shared area, in the main shared memory. */
@@ -486,6 +489,29 @@ OffersPending(void)
 	return OwnOffers;
 }
 
+/*
+ * Forgets every lease that ended (under the lock, exclusive), when the
+ * table of leases is full: at a high rate of claims, DWARF_LEASE_MEMORY_MS
+ * of ended leases may not fit, and a late answer then hears only that its
+ * lease is not known.  Returns how many it forgot.
+ */
+static int
+ForgetEndedLeases(void)
+{
+	HASH_SEQ_STATUS seq;
+	Lease	   *lease;
+	int			n = 0;
+
+	hash_seq_init(&seq, LeaseTable);
+	while ((lease = hash_seq_search(&seq)) != NULL)
+		if (lease->end != LEASE_HELD)
+		{
+			hash_search(LeaseTable, &lease->lease, HASH_REMOVE, NULL);
+			n++;
+		}
+	return n;
+}
+
 /* Is role one of owners? */
 static bool
 OwnerIn(Oid role, Oid *owners, int nowners)
@@ -556,8 +582,10 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 			if (id == 0)
 				continue;
 			lease = hash_search(LeaseTable, &id, HASH_ENTER_NULL, &found);
+			if (lease == NULL && ForgetEndedLeases() > 0)
+				lease = hash_search(LeaseTable, &id, HASH_ENTER_NULL, &found);
 			if (lease == NULL)
-				break;			/* full: leases ended lately are remembered */
+				break;			/* every lease is held */
 			if (found)
 				lease = NULL;
 		}
@@ -788,6 +816,42 @@ OffersTakeAnswered(int worker_index)
 	}
 	LWLockRelease(Offers->lock);
 	return taken;
+}
+
+/*
+ * The offered steps of this database (of queue, or every queue), as
+ * OfferedSteps: what dwarf.external_steps shows.
+ */
+List *
+OffersList(const char *queue)
+{
+	HASH_SEQ_STATUS seq;
+	Offer	   *offer;
+	List	   *steps = NIL;
+	static const char *const states[] = {"", "ready", "leased", "answering", "expired"};
+
+	LWLockAcquire(Offers->lock, LW_SHARED);
+	hash_seq_init(&seq, OfferTable);
+	while ((offer = hash_seq_search(&seq)) != NULL)
+	{
+		OfferedStep *step;
+
+		if (offer->key.dboid != MyDatabaseId ||
+			(queue && strcmp(queue, offer->queue->key.name) != 0))
+			continue;
+		step = palloc(sizeof(OfferedStep));
+		memcpy(step->queue, offer->queue->key.name, NAMEDATALEN);
+		memcpy(step->task, offer->task, NAMEDATALEN);
+		step->flow_id = offer->key.flow_id;
+		step->owner = offer->owner;
+		step->attempt = offer->attempt;
+		step->state = states[offer->state];
+		step->leased_at = offer->state == OFFER_READY ? 0 : offer->leased_at;
+		step->lease_until = offer->state == OFFER_READY ? 0 : offer->lease_until;
+		steps = lappend(steps, step);
+	}
+	LWLockRelease(Offers->lock);
+	return steps;
 }
 
 /* Looks a lease up: LEASE_HELD and info, or why it is not held. */

@@ -95,6 +95,19 @@ typedef struct AnsweredStep
 	int32		attempt;
 } AnsweredStep;
 
+/* An offered step, as dwarf.external_steps shows it. */
+typedef struct OfferedStep
+{
+	char		queue[NAMEDATALEN];
+	char		task[NAMEDATALEN];
+	int64		flow_id;
+	Oid			owner;
+	int32		attempt;
+	const char *state;
+	TimestampTz leased_at;		/* 0: not leased */
+	TimestampTz lease_until;
+} OfferedStep;
+
 /* A lease a worker's sweep found run out: its step's attempt failed. */
 typedef struct ExpiredLease
 {
@@ -126,6 +139,7 @@ extern bool OffersWait(const char *queue, TimestampTz until);
 extern void OffersCancelWait(void);
 extern LeaseEnd LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info);
 extern LeaseEnd LeaseLookup(int64 lease, LeaseInfo *info);
+extern List *OffersList(const char *queue);
 extern LeaseEnd LeaseExtend(int64 lease, int64 us, LeaseInfo *info);
 
 #endif							/* DWARF_OFFERS_H */

@@ -121,6 +121,11 @@ is($baggage, '{"tenant": "t1"}', 'the claim returns the baggage');
 is($key, "$id-0-1-charge", 'the claim returns the step key');
 is(as('alice', q{SELECT count(*) FROM dwarf.claim('pay', 10)}), '0',
 	'a leased step is not claimed again');
+is(as('alice', qq{SELECT queue || ' ' || task || ' ' || attempt || ' ' || state || ' ' || (lease_until > leased_at)
+	FROM dwarf.external_steps() WHERE flow_id = $id}), 'pay charge 1 leased true',
+	'dwarf.external_steps shows the step leased');
+is(as('bob', q{SELECT count(*) FROM dwarf.external_steps()}), '0',
+	"bob does not see alice's steps in dwarf.external_steps");
 
 # A complete that rolls back writes nothing and leaves the lease held.
 my ($rc, $out, $err) = $node->psql('postgres', qq{
