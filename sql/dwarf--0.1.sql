@@ -109,7 +109,7 @@ CREATE INDEX step_step_id ON dwarf.step USING brin (step_id);
 COMMENT ON TABLE dwarf.step IS
 	'Durable step log: one row per task execution, in execution order per flow';
 COMMENT ON COLUMN dwarf.step.status IS
-	'completed, failed, retry (dwarf.retry), interrupted, resumed (dwarf.resume) or waiting (dwarf.subgraph). '
+	'completed, failed, retry (dwarf.retry, or an error the task''s retry policy retries), interrupted, resumed (dwarf.resume) or waiting (dwarf.subgraph). '
 	'Workers append these rows directly, without the executor: no triggers or constraints run on them';
 COMMENT ON COLUMN dwarf.step.token IS
 	'Flow-local number of the branch (token) that ran the step';
@@ -483,7 +483,8 @@ CREATE FUNCTION dwarf.retry(initial interval DEFAULT '1 s', factor float8 DEFAUL
 	AS 'MODULE_PATHNAME', 'dwarf_retry';
 COMMENT ON FUNCTION dwarf.retry(interval, float8, interval, interval) IS
 	'Inside a task: true, and this step runs again after exponential backoff once the task returns; '
-	'false once give_up_after has passed since the first attempt (then raise the error)';
+	'false once give_up_after has passed since the first attempt (then raise the error). '
+	'A task''s "retry" policy in the graph retries its errors without it';
 
 CREATE FUNCTION dwarf.sleep(duration interval) RETURNS void
 	LANGUAGE c STRICT

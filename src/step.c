@@ -8,8 +8,9 @@
  * under a GUC nest level rolled back when it returns and from the
  * database's own search_path (the worker's is pinned); what a restricted
  * operation allows but should not outlive the step (prepared statements,
- * session advisory locks) is ended with it.  Its time budget, its error
- * document, and the rule that a lock conflict met while sharing a
+ * session advisory locks) is ended with it.  Its time budget (the flow's
+ * or its task's), its error document, whether its task's retry policy
+ * retries an error, and the rule that a lock conflict met while sharing a
  * transaction is not the task's fault live here too.
  *
  * So does how long a task may hold its process.  While a batch runs, a
@@ -273,6 +274,40 @@ TaskEnds(void)
 }
 
 /*
+ * How long a step of node may run, in milliseconds (0: no limit): the
+ * smaller of the flow's time_budget and the task's own in the graph.  With
+ * task_s, says whether it is the task's.
+ */
+static int64
+StepBudgetMs(FlowRun *flow, GraphNode *node, bool *task_s)
+{
+	int64		task_ms = (node->time_budget_us + 999) / 1000;
+	bool		own = task_ms > 0 &&
+		(flow->time_budget_ms <= 0 || task_ms <= flow->time_budget_ms);
+
+	if (task_s)
+		*task_s = own;
+	return own ? task_ms : Max(flow->time_budget_ms, 0);
+}
+
+/*
+ * The error of a step stopped by its time budget: how long it was, and
+ * whose it was, the task's or the flow's.
+ */
+static void
+SayBudget(ErrorData *edata, FlowRun *flow, GraphNode *node)
+{
+	bool		task_s;
+	int64		budget_ms = StepBudgetMs(flow, node, &task_s);
+
+	edata->message = psprintf("task \"%s\" ran past its time budget of " INT64_FORMAT " ms",
+							  node->name, budget_ms);
+	edata->detail = task_s ?
+		psprintf("It is the time_budget the graph gives task \"%s\".", node->name) :
+		pstrdup("It is the flow's time_budget.");
+}
+
+/*
  * Calls a task's function on state as the flow's owner, with the step's
  * context set for dwarf.goto and friends.  Returns the task's changes.
  */
@@ -287,6 +322,7 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, boo
 	int			nest;
 	Datum		result;
 	Jsonb	   *changes;
+	int64		budget_ms = StepBudgetMs(flow, node, NULL);
 
 	if (!graph->prepared)
 		GraphPrepareCalls(graph);
@@ -349,8 +385,8 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, boo
 	(void) set_config_option("search_path", TaskSearchPath, PGC_USERSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
 	DwarfCurrentStep = ctx;
-	if (flow->time_budget_ms > 0)
-		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(flow->time_budget_ms, INT_MAX));
+	if (budget_ms > 0)
+		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(budget_ms, INT_MAX));
 
 	InitFunctionCallInfoData(*fcinfo, node->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = JsonbPGetDatum(FlowTokenState(flow, token));
@@ -359,7 +395,7 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, boo
 	result = FunctionCallInvoke(fcinfo);
 	(void) TaskEnds();			/* it returned: whatever the timer said is moot */
 
-	if (flow->time_budget_ms > 0)
+	if (budget_ms > 0)
 		EndTimeBudget();
 	DwarfCurrentStep = NULL;
 	AtEOXact_GUC(false, nest);
@@ -693,7 +729,10 @@ RecordAnswer(FlowRun *flow, Token *token, bool isolated)
  * than of the task puts the step off (STEP_DEFERRED), untouched too.  A
  * task the step timer stopped (preempted when preemptible, or its flow
  * cancelled) is not failed either: its step is given back (STEP_STOPPED),
- * or, shared, the batch rolled back (StepWasStopped).
+ * or, shared, the batch rolled back (StepWasStopped).  The task's own
+ * error is a retry when its task's policy in the graph says so (see
+ * RetryAgain): the step's row is a 'retry' with the error and no changes,
+ * and the same step runs again after the backoff.  Otherwise it fails.
  */
 StepResult
 RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptible)
@@ -709,8 +748,9 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptibl
 	int			visits = token->visits;
 	volatile bool advancing = false;	/* set in PG_TRY, read in PG_CATCH */
 	StepResult	result = STEP_DONE;
-	volatile TimestampTz returned = 0; /* when the task returned, if it did */
+	volatile TimestampTz returned = 0; /* when the task returned or failed */
 	TimestampTz finished;
+	int64		delay_us;
 
 	if (flow->graph->nodes[node].kind == TASK_EXTERNAL)
 		return token->answer ? RecordAnswer(flow, token, isolated) : OfferStep(flow, token);
@@ -752,9 +792,11 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptibl
 	{
 		ErrorData  *edata;
 		TaskStop	stopped = TaskEnds();
+		GraphNode  *gnode = &flow->graph->nodes[node];
+		int64		budget_ms = StepBudgetMs(flow, gnode, NULL);
 
 		DwarfCurrentStep = NULL;
-		if (flow->time_budget_ms > 0)
+		if (budget_ms > 0)
 			EndTimeBudget();
 		EndTaskSession();
 		ReportStop(flow, node, stopped, started);
@@ -769,12 +811,11 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptibl
 		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && stopped == STOP_TOO_LONG)
 		{
 			edata->message = psprintf("task \"%s\" ran past dwarf.max_step_time (%d ms)",
-									  flow->graph->nodes[node].name, dwarf_max_step_time);
-			edata->hint = pstrdup("dwarf.max_step_time limits a step in a runner; a flow's time_budget may limit it further.");
+									  gnode->name, dwarf_max_step_time);
+			edata->hint = pstrdup("dwarf.max_step_time limits a step in a runner; a time_budget (the flow's or the task's) may limit it further.");
 		}
-		else if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && flow->time_budget_ms > 0)
-			edata->message = psprintf("task \"%s\" ran past its time budget of " INT64_FORMAT " ms",
-									  flow->graph->nodes[node].name, flow->time_budget_ms);
+		else if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED && budget_ms > 0)
+			SayBudget(edata, flow, gnode);
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(cxt);
 		CurrentResourceOwner = owner;
@@ -789,12 +830,23 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptibl
 		}
 		else
 		{
+			/* the attempt ended now: a retry's backoff counts from here */
+			returned = GetCurrentTimestamp();
 			outcome.kind = OUTCOME_ERROR;
 			outcome.changes = NULL;
 			outcome.goto_node = -1;
 			outcome.wake_at = 0;
 			outcome.signal = NULL;
-			outcome.error = ErrorDocument(edata, flow->graph->nodes[node].name);
+			outcome.error = ErrorDocument(edata, gnode->name);
+			if (!advancing &&
+				RetryAgain(&gnode->retry, attempt, token->first_started, returned,
+						   edata->sqlerrcode, &delay_us))
+			{
+				/* the same step again later, on the state it started from */
+				outcome.kind = OUTCOME_RETRY;
+				outcome.changes = JsonbEmptyObject();
+				outcome.wake_at = returned + delay_us;
+			}
 			if (advancing)
 				result = STEP_BROKEN;
 			else

@@ -1053,7 +1053,9 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	values[SC_ATTEMPT] = Int32GetDatum(attempt);
 	values[SC_STARTED_AT] = TimestampTzGetDatum(started);
 	values[SC_FINISHED_AT] = TimestampTzGetDatum(finished);
-	if (outcome->kind == OUTCOME_OK || outcome->kind == OUTCOME_RETRY)
+	/* an attempt retried after an error has none, as a failed step */
+	if (outcome->kind == OUTCOME_OK ||
+		(outcome->kind == OUTCOME_RETRY && outcome->error == NULL))
 		values[SC_CHANGES] = JsonbPGetDatum(outcome->changes);
 	else
 		nulls[SC_CHANGES] = true;
@@ -1065,6 +1067,7 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	nulls[SC_WAKE_AT] = outcome->wake_at == 0;
 	values[SC_SIGNAL] = JsonbPGetDatum(outcome->signal);
 	nulls[SC_SIGNAL] = outcome->signal == NULL;
+	/* a failed step's error, or the one its retried attempt failed with */
 	values[SC_ERROR] = JsonbPGetDatum(outcome->error);
 	nulls[SC_ERROR] = outcome->error == NULL ||
 		(outcome->kind != OUTCOME_ERROR && outcome->kind != OUTCOME_RETRY);
