@@ -537,7 +537,8 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 		else if (strcmp(key, "external") == 0)
 		{
 			node->kind = TASK_EXTERNAL;
-			node->queue = StringValue(&val, what);
+			node->queue = StringValue(&val, psprintf("the queue (\"external\") of task \"%s\"",
+													 node->name));
 			if (node->queue[0] == '\0' || strlen(node->queue) > NAMEDATALEN - 1)
 				DefinitionError("invalid graph definition: \"%s\" cannot name the queue of task \"%s\"",
 								node->queue, node->name);
@@ -578,6 +579,11 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 	if (node->lease_us > 0 && node->kind != TASK_EXTERNAL)
 		DefinitionError("invalid graph definition: only an external task has a lease (task \"%s\")",
 						node->name);
+	if (node->time_budget_us > 0 && node->kind == TASK_EXTERNAL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: external task \"%s\" has no time_budget", node->name),
+				 errhint("Its lease limits how long a worker outside may take: an attempt whose lease runs out fails.")));
 	if (node->kind == TASK_EXTERNAL && node->lease_us == 0)
 		node->lease_us = DWARF_DEFAULT_LEASE_MS * INT64CONST(1000);
 	if (retry)
