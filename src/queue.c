@@ -8,10 +8,13 @@
  * keys share the worker in proportion to their weights; then first come,
  * first served.  Steps due later (sleep, retry backoff) wait on a timer
  * heap, earliest first, and cost nothing until they come due.  (A flow that
- * sleeps for long is not in memory at all: sleepers.c.)
+ * sleeps for long is not in memory at all: sleepers.c.)  A step of an
+ * external task is on neither: it is offered to claims in shared memory
+ * (offers.c) as soon as it may run.
  */
 #include "postgres.h"
 
+#include "miscadmin.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -19,6 +22,7 @@
 #include "dwarf.h"
 #include "shmem.h"
 #include "flowrun.h"
+#include "offers.h"
 #include "worker.h"
 
 /* A fairness key's virtual clock: how far its flows have been served. */
@@ -103,6 +107,52 @@ NewReadyEntry(FlowRun *flow, Token *token)
 }
 
 /*
+ * Offers a step of an external task to claims (offers.c): it waits there,
+ * holding no process, for an answer or for its lease to run out.  Offering
+ * again a step that is offered already leaves it as it stands (a flow
+ * loaded again offers its waiting steps again).  Only once the commit that
+ * led to the step is durable: from EnqueueRunnable (after a commit, or a
+ * load), or from a batch that popped it off the ready queue.  Returns false
+ * when the offers are full: the step is then due a second later.
+ */
+bool
+OfferExternalStep(FlowRun *flow, Token *token)
+{
+	GraphNode  *node = &flow->graph->nodes[token->node];
+	TimestampTz now = GetCurrentTimestamp();
+	OfferSpec	spec;
+
+	memset(&spec, 0, sizeof(spec));
+	spec.key.dboid = MyDatabaseId;
+	spec.key.flow_id = flow->id;
+	spec.key.token_id = token->id;
+	spec.visits = token->visits;
+	spec.attempt = token->attempt;
+	spec.owner = flow->owner;
+	spec.priority = flow->priority;
+	spec.queue = node->queue;
+	spec.graph = flow->graph->name;
+	spec.task = node->name;
+	spec.lease_us = node->lease_us;
+	spec.input = FlowTokenState(flow, token);
+	spec.baggage = flow->baggage;
+	if (token->attempt == 1 && token->first_started == 0)
+		token->first_started = now;
+	if (!OfferPublish(&spec))
+	{
+		token->due = now + USECS_PER_SEC;
+		ereport(LOG,
+				(errmsg("dwarf: the step of external task \"%s\" of flow " INT64_FORMAT " waits: no room to offer it",
+						node->name, flow->id),
+				 errhint("dwarf.max_external_steps steps are offered, or their states fill dwarf.external_memory.")));
+		return false;
+	}
+	token->offered = true;
+	flow->offered++;
+	return true;
+}
+
+/*
  * Queues the tokens of a running flow that can run and are not queued yet:
  * on the ready queue, or on the timer heap when they are due later.  A
  * flow has at most dwarf.batch_size tokens on the ready queue at a time, so
@@ -131,6 +181,10 @@ EnqueueRunnable(FlowRun *flow)
 
 		if (token->queued || token->running || token->parked || token->offered)
 			continue;
+		if (token->due <= now && token->answer == NULL &&
+			flow->graph->nodes[token->node].kind == TASK_EXTERNAL &&
+			OfferExternalStep(flow, token))
+			continue;			/* waits for a claim, on no queue */
 		if (token->due <= now && room <= 0)
 			continue;			/* queued after a later commit */
 		entry = NewReadyEntry(flow, token);

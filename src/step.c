@@ -558,47 +558,14 @@ ReportStop(FlowRun *flow, int node, TaskStop stopped, TimestampTz started)
 /* ---------- steps of external tasks ---------- */
 
 /*
- * Offers a step of an external task to claims (offers.c): it waits there,
- * holding no process, for an answer or for its lease to run out.  Offering
- * again a step that is offered already leaves it as it stands (a flow
- * loaded again offers its waiting steps again).  When the offers are full,
- * the step is put off for a second.
+ * A step of an external task that came through the ready queue (its retry
+ * backoff ran out, say) is offered to claims (OfferExternalStep, queue.c);
+ * when the offers are full, it is put off for a second.
  */
 static StepResult
 OfferStep(FlowRun *flow, Token *token)
 {
-	GraphNode  *node = &flow->graph->nodes[token->node];
-	TimestampTz now = GetCurrentTimestamp();
-	OfferSpec	spec;
-
-	memset(&spec, 0, sizeof(spec));
-	spec.key.dboid = MyDatabaseId;
-	spec.key.flow_id = flow->id;
-	spec.key.token_id = token->id;
-	spec.visits = token->visits;
-	spec.attempt = token->attempt;
-	spec.owner = flow->owner;
-	spec.priority = flow->priority;
-	spec.queue = node->queue;
-	spec.graph = flow->graph->name;
-	spec.task = node->name;
-	spec.lease_us = node->lease_us;
-	spec.input = FlowTokenState(flow, token);
-	spec.baggage = flow->baggage;
-	if (token->attempt == 1 && token->first_started == 0)
-		token->first_started = now;
-	if (!OfferPublish(&spec))
-	{
-		token->due = now + USECS_PER_SEC;
-		ereport(LOG,
-				(errmsg("dwarf: the step of external task \"%s\" of flow " INT64_FORMAT " waits: no room to offer it",
-						node->name, flow->id),
-				 errhint("dwarf.max_external_steps steps are offered, or their states fill dwarf.external_memory.")));
-		return STEP_DEFERRED;
-	}
-	token->offered = true;
-	flow->offered++;
-	return STEP_OFFERED;
+	return OfferExternalStep(flow, token) ? STEP_OFFERED : STEP_DEFERRED;
 }
 
 /* The error document of an external step's failed attempt. */

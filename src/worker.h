@@ -168,6 +168,7 @@ extern int	CrashesOf(int64 flow_id, int token_id);
 extern void QueueInit(void);
 extern void QueuePruneFairKeys(void);
 extern void EnqueueRunnable(FlowRun *flow);
+extern bool OfferExternalStep(FlowRun *flow, Token *token);
 extern ReadyEntry *NewReadyEntry(FlowRun *flow, Token *token);
 extern long MoveDueTimers(void);
 extern void UnqueueTimers(FlowRun *flow);
