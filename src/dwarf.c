@@ -28,6 +28,7 @@
 #include "dwarf.h"
 #include "shmem.h"
 #include "flows.h"
+#include "limits.h"
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
@@ -78,6 +79,7 @@ dwarf_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	DwarfShmemRequest();
+	LimitsShmemRequest();
 }
 
 static void
@@ -86,6 +88,7 @@ dwarf_shmem_startup(void)
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 	DwarfShmemStartup();
+	LimitsShmemStartup();
 }
 
 /* Does this statement drop the extension dwarf? */
@@ -189,6 +192,15 @@ _PG_init(void)
 							NULL,
 							&dwarf_workers,
 							2, 1, 32,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.max_limit_keys",
+							"Live counts of named limits (dwarf.set_limit) shared memory holds, a limit's key each, for all databases.",
+							"A count goes when nothing of it is in progress and its rate has nothing to remember; a step whose limit finds none free waits.",
+							&dwarf_max_limit_keys,
+							1024, 16, 1000000,
 							PGC_POSTMASTER,
 							0,
 							NULL, NULL, NULL);
