@@ -12,7 +12,8 @@
  * "$.customer"}), and each value of it is counted on its own under the
  * same settings.  The rate is a token bucket that refills at rate per per
  * and holds at most a twentieth of rate (at least one), so that no
- * interval of length per sees more than rate starts plus 5%.  Nothing in
+ * interval of length per sees more than rate starts and that twentieth:
+ * within 5% from a rate of 20 on, and steady over longer spans.  Nothing in
  * progress survives a crash of the server, and nor do the counts: shared
  * memory starts empty.
  *
@@ -118,9 +119,26 @@ typedef struct LimitHold
 	LimitTag	tag;
 } LimitHold;
 
+/*
+ * A count that refused this process's step lately: its other steps are
+ * refused here, without a look at the table or the lock, until it said to
+ * try again (or DWARF_LIMIT_RECHECK_MS, for a place in progress).  A
+ * thousand steps waiting for two places then cost one look a recheck.
+ */
+typedef struct Refusal
+{
+	LimitTag	tag;			/* hash key */
+	TimestampTz until;
+	TimestampTz retry_at;		/* as the count said */
+} Refusal;
+
+/* Refusals remembered at most; past it they are all forgotten. */
+#define LIMIT_MAX_REFUSALS	1024
+
 static LimitShared *Limits = NULL;
 static HTAB *LimitCounts = NULL;
 static HTAB *Holds = NULL;
+static HTAB *Refusals = NULL;
 
 /* ---------- shared memory ---------- */
 
@@ -447,10 +465,28 @@ GiveAllHolds(int code, Datum arg)
 		GiveTag(&hold->tag);
 }
 
+/* The table of refusals, made anew (empty) when missing or too full. */
+static void
+MakeRefusals(void)
+{
+	HASHCTL		ctl;
+
+	if (Refusals != NULL && hash_get_num_entries(Refusals) < LIMIT_MAX_REFUSALS)
+		return;
+	if (Refusals != NULL)
+		hash_destroy(Refusals);
+	ctl.keysize = sizeof(LimitTag);
+	ctl.entrysize = sizeof(Refusal);
+	ctl.hcxt = TopMemoryContext;
+	Refusals = hash_create("dwarf limit refusals", 64, &ctl,
+						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
 /*
  * LimitTake for a worker's step (flow and token): the place is held by
  * this process until LimitStepGive, or its exit.  A step that holds one
- * already takes nothing more.
+ * already takes nothing more; one whose count refused another step here
+ * lately is refused at once (Refusal).
  */
 bool
 LimitStepTake(const char *name, const char *key, int64 flow_id, int token_id,
@@ -459,6 +495,7 @@ LimitStepTake(const char *name, const char *key, int64 flow_id, int token_id,
 	HoldKey		hkey = {flow_id, token_id};
 	LimitHold  *hold;
 	LimitTag	tag;
+	Refusal    *refusal;
 
 	if (Holds == NULL)
 	{
@@ -474,8 +511,23 @@ LimitStepTake(const char *name, const char *key, int64 flow_id, int token_id,
 	if (hash_search(Holds, &hkey, HASH_FIND, NULL) != NULL)
 		return true;
 	MakeTag(&tag, name, key);
-	if (!TakeTag(&tag, name, key, now, retry_at))
+	MakeRefusals();
+	refusal = hash_search(Refusals, &tag, HASH_FIND, NULL);
+	if (refusal != NULL && now < refusal->until)
+	{
+		*retry_at = refusal->retry_at;
 		return false;
+	}
+	if (!TakeTag(&tag, name, key, now, retry_at))
+	{
+		refusal = hash_search(Refusals, &tag, HASH_ENTER, NULL);
+		refusal->retry_at = *retry_at;
+		refusal->until = *retry_at > 0 ? *retry_at :
+			now + DWARF_LIMIT_RECHECK_MS * INT64CONST(1000);
+		return false;
+	}
+	if (refusal != NULL)
+		(void) hash_search(Refusals, &tag, HASH_REMOVE, NULL);
 	hold = hash_search(Holds, &hkey, HASH_ENTER, NULL);
 	hold->tag = tag;
 	return true;
@@ -494,6 +546,8 @@ LimitStepGive(int64 flow_id, int token_id)
 	if (hold == NULL)
 		return;
 	GiveTag(&hold->tag);
+	if (Refusals != NULL)
+		(void) hash_search(Refusals, &hold->tag, HASH_REMOVE, NULL);	/* room now */
 	(void) hash_search(Holds, &hkey, HASH_REMOVE, NULL);
 }
 
