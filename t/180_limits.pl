@@ -16,7 +16,8 @@
 #  4. privileges: a limit belongs to the role that set it first; another
 #     role can neither change nor drop it (and says whose it is), its owner
 #     and a superuser can;
-#  5. a task that names a limit no one set is not limited.
+#  5. a task that names a limit no one set is not limited;
+#  6. after a crash of the server, the counts start from zero.
 #
 # The tasks record when they started and ended in public.ran; some wait at
 # a gate (a row the test opens) so that the test sees them in progress.
@@ -206,6 +207,38 @@ like($err, qr/the limit of task "T" has no "name"/, 'a limit object needs a name
 	q{SELECT dwarf.define('bad', '{"tasks": {"T": {"function": "app.quick", "limit": {"name": "x", "key": "$.["}}}}')});
 like($err, qr/bad path "\$\.\[" in the limit key of task "T"/, 'a bad key path is refused');
 
+($rc, $out, $err) = $node->psql('postgres', q{SELECT dwarf.set_limit('x', concurrency => -1)});
+like($err, qr/concurrency must not be negative/, 'a negative concurrency is refused');
+($rc, $out, $err) = $node->psql('postgres', q{SELECT dwarf.set_limit('x', rate => 0)});
+like($err, qr/rate must be at least 1/, 'a rate below 1 is refused');
+($rc, $out, $err) = $node->psql('postgres', q{SELECT dwarf.set_limit(repeat('x', 64), 1)});
+like($err, qr/cannot name a limit/, 'a name of 64 bytes is refused');
 check_no_crash($node, 'no crash');
+
+# ---------------------------------------------------------------- 6. a crash
+# Two steps hold the limit's places when a runner dies and the server
+# restarts: the counts start again from zero, and the steps that run again
+# take the places anew (were the old ones kept, none could start).
+alice(q{SELECT dwarf.define('crash', '{"tasks": {"C": {"function": "app.slow", "limit": "crashy"}}}')});
+alice(q{SELECT dwarf.set_limit('crashy', concurrency => 2)});
+$node->safe_psql('postgres', q{UPDATE gate SET open = false});
+alice(q{SELECT dwarf.create('crash', '{"test": "crash"}') FROM generate_series(1, 4)});
+ok($node->poll_query_until('postgres',
+		q{SELECT in_progress FROM dwarf.limits WHERE name = 'crashy'}, '2'),
+	'two steps hold the limit');
+my $runner = query(q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'dwarf runner' LIMIT 1});
+my $workers = query(q{SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE backend_type = 'dwarf worker'});
+ok($runner && kill('KILL', $runner), 'a runner is killed');
+ok($node->poll_query_until('postgres',
+		qq{SELECT count(*) FROM pg_stat_activity
+		    WHERE backend_type = 'dwarf worker' AND pid NOT IN ($workers)}, '2'),
+	'the server restarted: two new workers run');
+ok($node->poll_query_until('postgres',
+		q{SELECT in_progress FROM dwarf.limits WHERE name = 'crashy'}, '2'),
+	'after the restart, two steps hold the limit again: they run again, under fresh counts');
+$node->safe_psql('postgres', q{UPDATE gate SET open = true});
+wait_flows_closed($node, 'postgres', 'the flows close after the restart');
+is(query(q{SELECT count(*) FROM ran WHERE test = 'crash'}), '4', 'each of the four ran once');
+cmp_ok(max_overlap('crash'), '<=', 2, 'never more than two at once');
 stop_node($node, $t0);
 done_testing();
