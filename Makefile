@@ -19,6 +19,7 @@ OBJS = \
 	src/store.o \
 	src/sleepers.o \
 	src/graph.o \
+	src/limits.o \
 	src/names.o \
 	src/flowrun.o \
 	src/merge.o \
@@ -63,4 +64,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h src/rows.h
+$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h src/rows.h src/limits.h

@@ -492,6 +492,70 @@ CREATE FUNCTION dwarf.sleep(duration interval) RETURNS void
 COMMENT ON FUNCTION dwarf.sleep(interval) IS
 	'Inside a task: what follows this step runs only after the interval; the flow holds no worker meanwhile';
 
+/*
+ * Named limits, shared by every graph and role of the database: a task
+ * that names one ("limit": "openai", or {"name": "openai", "key":
+ * "$.customer"} for a count per customer) has at most concurrency steps in
+ * progress and at most rate starts per per.  The settings are rows here
+ * (dumped with the database); the counts are in shared memory (limits.c).
+ * A limit is its owner's, the role that set it first: only that role (or
+ * one with its privileges) or a superuser may change or drop it.
+ */
+CREATE TABLE dwarf.limit (
+	name		text COLLATE "C" PRIMARY KEY
+				CHECK (name <> '' AND octet_length(name) < 64),
+	owner		regrole NOT NULL,
+	concurrency int CHECK (concurrency >= 0),
+	rate		int CHECK (rate >= 1),
+	per			interval NOT NULL DEFAULT '1 s' CHECK (per > '0'),
+	set_at		timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE dwarf.limit IS
+	'Named limits, written by dwarf.set_limit(): at most concurrency steps of the tasks that name one in progress, '
+	'and at most rate starts per per (NULL: no bound)';
+REVOKE ALL ON dwarf.limit FROM PUBLIC;
+GRANT SELECT ON dwarf.limit TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('dwarf.limit', '');
+
+CREATE FUNCTION dwarf.set_limit(name text, concurrency int DEFAULT NULL, rate int DEFAULT NULL,
+								per interval DEFAULT '1 s')
+	RETURNS void
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_set_limit';
+COMMENT ON FUNCTION dwarf.set_limit(text, int, int, interval) IS
+	'Sets a named limit for the tasks that name it ("limit" in the graph): at most concurrency of their steps in '
+	'progress at once and at most rate starts per per, across every graph and role of the database (NULL: no bound; '
+	'lowered while more run, new steps wait until fewer do). With a key, each value of it has counts of its own. '
+	'A new limit is the caller''s; only its owner or a superuser may change it. A task whose limit is not set is '
+	'not limited';
+
+CREATE FUNCTION dwarf.drop_limit(name text)
+	RETURNS boolean
+	LANGUAGE c STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_drop_limit';
+COMMENT ON FUNCTION dwarf.drop_limit(text) IS
+	'Drops a named limit (its owner or a superuser only): the tasks that name it are no longer limited. '
+	'False when there was none';
+
+CREATE FUNCTION dwarf.limit_counts(OUT name text, OUT key text, OUT in_progress int)
+	RETURNS SETOF record
+	LANGUAGE c STRICT
+	AS 'MODULE_PATHNAME', 'dwarf_limit_counts';
+COMMENT ON FUNCTION dwarf.limit_counts() IS
+	'The live counts of named limits in this database: steps in progress by limit and key (NULL: the limit''s own '
+	'count, also for a step whose key has no value); counts of names not set too';
+
+CREATE VIEW dwarf.limits AS
+	SELECT l.name, l.owner, l.concurrency, l.rate, l.per, c.key,
+		   coalesce(c.in_progress, 0) AS in_progress
+	  FROM dwarf.limit l
+	  LEFT JOIN dwarf.limit_counts() c ON c.name COLLATE "C" = l.name;
+COMMENT ON VIEW dwarf.limits IS
+	'Each named limit with its settings and its steps in progress, a row per key counted';
+GRANT SELECT ON dwarf.limits TO PUBLIC;
+
 CREATE FUNCTION dwarf.interrupt(payload jsonb DEFAULT NULL) RETURNS jsonb
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', 'dwarf_interrupt';

@@ -29,6 +29,7 @@
 #include "shmem.h"
 #include "flows.h"
 #include "offers.h"
+#include "limits.h"
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
@@ -80,6 +81,7 @@ dwarf_shmem_request(void)
 		prev_shmem_request_hook();
 	DwarfShmemRequest();
 	OffersShmemRequest();
+	LimitsShmemRequest();
 }
 
 static void
@@ -89,6 +91,7 @@ dwarf_shmem_startup(void)
 		prev_shmem_startup_hook();
 	DwarfShmemStartup();
 	OffersShmemStartup();
+	LimitsShmemStartup();
 }
 
 /* Does this statement drop the extension dwarf? */
@@ -192,6 +195,15 @@ _PG_init(void)
 							NULL,
 							&dwarf_workers,
 							2, 1, 32,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.max_limit_keys",
+							"Live counts of named limits (dwarf.set_limit) shared memory holds, a limit's key each, for all databases.",
+							"A count goes when nothing of it is in progress and its rate has nothing to remember; a step whose limit finds none free waits.",
+							&dwarf_max_limit_keys,
+							1024, 16, 1000000,
 							PGC_POSTMASTER,
 							0,
 							NULL, NULL, NULL);

@@ -504,6 +504,55 @@ ParseRetry(GraphNode *node, JsonbValue *retry)
 }
 
 /*
+ * "limit": "name", or {"name": "name", "key": "$.path"} for one count per
+ * value of the key in the step's input state (limits.c).  A name must fit
+ * a limit's (dwarf.limit): 1 to NAMEDATALEN - 1 bytes.
+ */
+static void
+ParseLimit(GraphNode *node, JsonbValue *v, const char *what)
+{
+	if (v->type == jbvBinary && JsonContainerIsObject(v->val.binary.data))
+	{
+		JsonbIterator *it = IterateValue(v, true, what);
+		JsonbIteratorToken tok;
+		JsonbValue	k,
+					val;
+
+		while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+		{
+			char	   *key;
+
+			if (tok != WJB_KEY)
+				continue;
+			key = pnstrdup(k.val.string.val, k.val.string.len);
+			(void) JsonbIteratorNext(&it, &val, true);
+			if (strcmp(key, "name") == 0)
+				node->limit = StringValue(&val, psprintf("the limit name of task \"%s\"", node->name));
+			else if (strcmp(key, "key") == 0)
+			{
+				char	   *path = StringValue(&val, psprintf("the limit key of task \"%s\"", node->name));
+
+				node->limit_key = CompilePath(path, psprintf("the limit key of task \"%s\"", node->name));
+			}
+			else
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("invalid graph definition: unknown key \"%s\" in the limit of task \"%s\"",
+								key, node->name),
+						 errhint("A limit is a name, or {\"name\": \"openai\", \"key\": \"$.customer\"} for one count per value of the key.")));
+		}
+		if (node->limit == NULL)
+			DefinitionError("invalid graph definition: the limit of task \"%s\" has no \"name\"",
+							node->name);
+	}
+	else
+		node->limit = StringValue(v, what);
+	if (node->limit[0] == '\0' || strlen(node->limit) > NAMEDATALEN - 1)
+		DefinitionError("invalid graph definition: \"%s\" cannot name the limit of task \"%s\"",
+						node->limit, node->name);
+}
+
+/*
  * A task written as an object: {"function": "schema.fn"} or
  * {"external": "queue"}, with "retry", "time_budget", "limit" and (external)
  * "lease".
@@ -557,7 +606,7 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 				DefinitionError("invalid graph definition: %s must be longer than zero", what);
 		}
 		else if (strcmp(key, "limit") == 0)
-			node->limit = StringValue(&val, what);
+			ParseLimit(node, &val, what);
 		else if (strcmp(key, "retry") == 0)
 		{
 			retry = palloc(sizeof(JsonbValue));

@@ -95,6 +95,8 @@ typedef struct GraphNode
 	int64		time_budget_us; /* how long one step may take; 0: the flow's */
 	RetryPolicy retry;
 	char	   *limit;			/* the dwarf.set_limit name it counts under */
+	Datum		limit_key;		/* compiled jsonpath: one count per value of
+								 * it in the step's input; 0: one count */
 	Jsonb	   *spec;			/* the task as written, when an object */
 	char	   *fn_name;		/* as resolved: schema.name (functions only) */
 	Oid			fn;

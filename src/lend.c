@@ -49,6 +49,7 @@
 #include "shmem.h"
 #include "graph.h"
 #include "flowrun.h"
+#include "limits.h"
 #include "worker.h"
 
 /* Runners may use at most this many background worker slots. */
@@ -640,6 +641,7 @@ RunnerPoll(void)
 			/* Quick again (a runner said so), or gone: the worker takes it back. */
 			if (token == NULL || !TaskIsSlow(&flow->graph->nodes[token->node]))
 			{
+				LimitStepGive(lent->flow_id, lent->token_id);
 				Worker.lent = foreach_delete_current(Worker.lent, lc);
 				pfree(lent);
 				if (token)
@@ -672,6 +674,7 @@ RunnerPoll(void)
 		Dwarf->runners[lent->runner].in_use = false;
 		Dwarf->runners[lent->runner].preempted = false;
 		SpinLockRelease(&Dwarf->mutex);
+		LimitStepGive(lent->flow_id, lent->token_id);	/* held from lending on */
 		freed = true;
 		if (lent->handle)
 			pfree(lent->handle);

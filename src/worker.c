@@ -62,6 +62,7 @@
 #include "shmem.h"
 #include "flowrun.h"
 #include "flows.h"
+#include "limits.h"
 #include "rows.h"
 #include "offers.h"
 #include "worker.h"
@@ -231,6 +232,43 @@ NewStepSnapshot(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 }
 
+/*
+ * Takes the limit the step's task names (dwarf.set_limit), if any, before
+ * the step runs or is lent: it is held until the batch ends (GiveLimits)
+ * or, lent, until the runner does (lend.c).  When the limit has no room,
+ * the step is due again when it says (or in DWARF_LIMIT_RECHECK_MS, for a
+ * place in progress), and the caller leaves it for the timer heap: nothing
+ * is written.
+ */
+static bool
+TakeLimit(FlowRun *flow, Token *token)
+{
+	GraphNode  *node = &flow->graph->nodes[token->node];
+	TimestampTz now;
+	TimestampTz retry_at;
+	char	   *key = NULL;
+
+	if (node->limit == NULL)
+		return true;
+	now = GetCurrentTimestamp();
+	if (node->limit_key != (Datum) 0)
+		key = LimitKey(node->limit_key, FlowTokenState(flow, token));
+	if (LimitStepTake(node->limit, key, flow->id, token->id, now, &retry_at))
+		return true;
+	token->due = retry_at > 0 ? retry_at : now + DWARF_LIMIT_RECHECK_MS * 1000;
+	return false;
+}
+
+/* The batch ended: its steps give back the limits they took (TakeLimit). */
+static void
+GiveLimits(Batch *b)
+{
+	ListCell   *lc;
+
+	foreach(lc, b->entries)
+		LimitStepGive(((ReadyEntry *) lfirst(lc))->flow_id, ((ReadyEntry *) lfirst(lc))->token_id);
+}
+
 /* Runs one entry's step, and chains its successors into the batch. */
 static void
 RunEntry(Batch *b, ReadyEntry *entry, int index)
@@ -246,6 +284,11 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 		(b->ran > 0 && GetCurrentTimestamp() > b->deadline))
 	{
 		token->running = false; /* queued again after the commit */
+		return;
+	}
+	if (!Worker.is_runner && !TakeLimit(flow, token))
+	{
+		token->running = false; /* on the timer heap after the commit */
 		return;
 	}
 	NewStepSnapshot();
@@ -642,18 +685,21 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 			SPI_finish();
 			AbortCurrentTransaction();
 			CrashesNoteStep(0, 0);
+			GiveLimits(b);
 			return;
 		}
 		PopActiveSnapshot();
 		SPI_finish();
 		CommitTransactionCommand();
 		CrashesNoteStep(0, 0);
+		GiveLimits(b);
 	}
 	PG_CATCH();
 	{
 		ErrorData  *edata;
 
 		CrashesNoteStep(0, 0);
+		GiveLimits(b);
 		StepTimerDisarm();
 		if (!Worker.is_runner)
 			ClearRunningPriority();
@@ -688,11 +734,14 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
  * flow's other steps in the batch then do not run (RunEntry): they wait
  * for the runner.  (A slow step left in the batch with them would be
  * preempted, given back, and left there again, for ever.)  A slow step no
- * runner can take is kept: the worker runs it, to its end.
+ * runner can take is kept: the worker runs it, to its end.  A step whose
+ * limit has no room waits on the timer heap (TakeLimit).
  */
 static List *
 LendSlowSteps(List *batch)
 {
+	MemoryContext cxt = CurrentMemoryContext;
+	bool		xact = false;
 	ListCell   *lc;
 
 	foreach(lc, batch)
@@ -703,6 +752,19 @@ LendSlowSteps(List *batch)
 
 		if (token == NULL || FlowIsLent(flow->id) || !RunnerWants(flow, token))
 			continue;
+		if (!xact && flow->graph->nodes[token->node].limit != NULL)
+		{
+			StartTransactionCommand();	/* TakeLimit reads dwarf.limit */
+			xact = true;
+		}
+		if (!TakeLimit(flow, token))
+		{
+			batch = foreach_delete_current(batch, lc);
+			pfree(entry);
+			token->running = false;
+			EnqueueRunnable(flow);	/* on the timer heap */
+			continue;
+		}
 		if (RunnerLend(flow, token))
 		{
 			batch = foreach_delete_current(batch, lc);
@@ -710,6 +772,11 @@ LendSlowSteps(List *batch)
 		}
 		else
 			entry->kept = true;
+	}
+	if (xact)
+	{
+		CommitTransactionCommand();
+		MemoryContextSwitchTo(cxt);
 	}
 	return batch;
 }
@@ -1136,6 +1203,7 @@ RecoverFromError(void)
 	if (!Worker.is_runner)
 		ClearRunningPriority();
 	IntakeRolledBack();
+	LimitStepGiveUnless(FlowIsLent);	/* a batch's, taken before it ran */
 	list_free_deep(Alone);
 	Alone = NIL;
 	hash_seq_init(&seq, Worker.flows);

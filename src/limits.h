@@ -1,0 +1,52 @@
+/*
+ * limits.h
+ *		Named limits (limits.c): at most so many steps of the tasks that
+ *		name a limit in progress at once, and at most so many starts per
+ *		interval, counted in shared memory by database, limit name and key.
+ *		Usable from any backend in a transaction of a database with dwarf.
+ */
+#ifndef DWARF_LIMITS_H
+#define DWARF_LIMITS_H
+
+#include "storage/condition_variable.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+/*
+ * How soon a worker tries again a step whose limit had no room in
+ * progress (LimitTake said "when one is given back").
+ */
+#define DWARF_LIMIT_RECHECK_MS	50
+
+/* dwarf.max_limit_keys: live counts (limit and key) shared memory holds. */
+extern int	dwarf_max_limit_keys;
+
+extern void LimitsShmemRequest(void);
+extern void LimitsShmemStartup(void);
+
+/*
+ * One step's start under a limit, and its end.  LimitTake takes a place in
+ * progress and a start of the rate, or returns false with *retry_at: when
+ * the next start is due, or 0 when the limit waits for a place to be given
+ * back (LimitGivenCV is broadcast then).  A key of NULL is the limit's own
+ * count; a name not set (dwarf.set_limit) is counted but never refused.
+ */
+extern bool LimitTake(const char *name, const char *key, TimestampTz now,
+					  TimestampTz *retry_at);
+extern void LimitGive(const char *name, const char *key);
+extern ConditionVariable *LimitGivenCV(void);
+
+/* A step's key: the first match of path in its input state, as text. */
+extern char *LimitKey(Datum path, Jsonb *state);
+
+/*
+ * The same for a worker's steps, by flow and token: the process holds
+ * what it took (a second take of the same step is a no-op) and gives all
+ * of it back if it exits.
+ */
+extern bool LimitStepTake(const char *name, const char *key, int64 flow_id,
+						  int token_id, TimestampTz now, TimestampTz *retry_at);
+extern void LimitStepGive(int64 flow_id, int token_id);
+extern void LimitStepGiveUnless(bool (*keep) (int64 flow_id));
+
+#endif							/* DWARF_LIMITS_H */
