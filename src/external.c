@@ -28,6 +28,7 @@
 #include "flows.h"
 #include "flowrun.h"
 #include "json.h"
+#include "limits.h"
 #include "offers.h"
 
 /* The most steps one claim may take. */
@@ -87,6 +88,59 @@ CheckOwners(Oid user, Oid *seen, int nseen)
 			AddRole(&Roles.denied, &Roles.ndenied, seen[i]);
 	}
 	return any;
+}
+
+/*
+ * What a claim knows of the limits of the steps it may take: their
+ * settings, read before it claims (OffersClaim takes places under the
+ * offers' lock, where no table may be read), and the counts that refused
+ * it, which its further steps under the same count skip.
+ */
+typedef struct ClaimLimits
+{
+	List	   *names;			/* of the limits, in step with settings */
+	LimitSettings *settings;
+	List	   *refused;		/* "name\x01key" of the counts that refused */
+	TimestampTz retry_at;		/* the soonest one may have room; 0: none */
+} ClaimLimits;
+
+static void
+ReadClaimLimits(ClaimLimits *limits, const char *queue)
+{
+	ListCell   *lc;
+
+	limits->names = OffersLimitNames(queue);
+	limits->settings = palloc(sizeof(LimitSettings) * Max(list_length(limits->names), 1));
+	foreach(lc, limits->names)
+		LimitReadSettings(lfirst(lc), &limits->settings[foreach_current_index(lc)]);
+}
+
+/* ClaimLimitCheck: takes a place of the limit, with the settings read before. */
+static bool
+TakeClaimLimit(const char *name, const char *key, void *arg)
+{
+	ClaimLimits *limits = arg;
+	char	   *count = psprintf("%s%c%s", name, 1, key ? key : "");
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz retry_at;
+	ListCell   *lc;
+
+	foreach(lc, limits->refused)
+		if (strcmp(lfirst(lc), count) == 0)
+			return false;
+	foreach(lc, limits->names)
+		if (strcmp(lfirst(lc), name) == 0)
+		{
+			if (LimitTakeWith(name, key, &limits->settings[foreach_current_index(lc)], now,
+							  &retry_at))
+				return true;
+			limits->refused = lappend(limits->refused, count);
+			retry_at = retry_at > 0 ? retry_at : now + DWARF_LIMIT_RECHECK_MS * 1000;
+			if (limits->retry_at == 0 || retry_at < limits->retry_at)
+				limits->retry_at = retry_at;
+			return false;
+		}
+	return false;				/* offered since the settings were read */
 }
 
 /* The step key a claimed step's task sees, as dwarf.step_key() says it. */
@@ -164,13 +218,25 @@ dwarf_claim(PG_FUNCTION_ARGS)
 		Oid		   *seen;
 		int			nseen;
 		List	   *more;
+		ClaimLimits limits = {0};
 
+		ReadClaimLimits(&limits, queue);
 		more = OffersClaim(queue, max - list_length(claimed), lease_us,
-						   Roles.allowed, Roles.nallowed, any_owner, &seen, &nseen);
+						   Roles.allowed, Roles.nallowed, any_owner, &seen, &nseen,
+						   TakeClaimLimit, &limits);
 		claimed = list_concat(claimed, more);
 		if (list_length(claimed) < max && nseen > 0 && CheckOwners(user, seen, nseen))
 			continue;			/* steps of roles found allowed just now */
-		if (claimed != NIL || wait_us == 0 || !OffersWait(queue, until))
+		if (claimed != NIL || wait_us == 0)
+			break;
+
+		/*
+		 * Nothing to claim: wait for a step to be offered, or, when steps
+		 * wait for room under their limits, until one may have room (a
+		 * limit's places given back wake no claim).
+		 */
+		if (!OffersWait(queue, limits.retry_at > 0 ? Min(until, limits.retry_at) : until) &&
+			GetCurrentTimestamp() >= until)
 			break;
 	}
 	OffersCancelWait();

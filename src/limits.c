@@ -97,15 +97,6 @@ typedef struct LimitShared
 	ConditionVariable given;	/* broadcast when a place is given back */
 } LimitShared;
 
-/* A limit's settings, from its row of dwarf.limit. */
-typedef struct LimitSettings
-{
-	bool		set;			/* there is a row */
-	int32		concurrency;	/* -1: no bound */
-	int32		rate;			/* 0: no bound */
-	int64		per_us;
-} LimitSettings;
-
 /* A step's take held by this process (LimitStepTake). */
 typedef struct HoldKey
 {
@@ -193,8 +184,8 @@ IntervalUs(Interval *span)
  * primary key, without SPI, so that a worker may look between steps and a
  * client backend in any transaction.
  */
-static void
-ReadSettings(const char *name, LimitSettings *s)
+void
+LimitReadSettings(const char *name, LimitSettings *s)
 {
 	Oid			nsp = get_namespace_oid("dwarf", true);
 	Oid			relid = OidIsValid(nsp) ? get_relname_relid("limit", nsp) : InvalidOid;
@@ -352,17 +343,31 @@ FillBucket(LimitCount *c, const LimitSettings *s, TimestampTz now)
 	c->filled_at = Max(c->filled_at, now);
 }
 
+static bool TakeTagWith(const LimitTag *tag, const char *name, const char *key,
+						const LimitSettings *settings, TimestampTz now,
+						TimestampTz *retry_at);
+
 /* Takes a place and a start of a count; see LimitTake. */
 static bool
 TakeTag(const LimitTag *tag, const char *name, const char *key, TimestampTz now,
 		TimestampTz *retry_at)
 {
-	static TimestampTz said_full = 0;
 	LimitSettings s;
+
+	LimitReadSettings(name, &s);
+	return TakeTagWith(tag, name, key, &s, now, retry_at);
+}
+
+/* TakeTag, with the limit's settings read already. */
+static bool
+TakeTagWith(const LimitTag *tag, const char *name, const char *key,
+			const LimitSettings *settings, TimestampTz now, TimestampTz *retry_at)
+{
+	static TimestampTz said_full = 0;
+	LimitSettings s = *settings;
 	LimitCount *c;
 	bool		taken = false;
 
-	ReadSettings(name, &s);
 	*retry_at = 0;
 	LWLockAcquire(Limits->lock, LW_EXCLUSIVE);
 	c = GetCount(tag, key, now);
@@ -432,6 +437,21 @@ LimitTake(const char *name, const char *key, TimestampTz now, TimestampTz *retry
 
 	MakeTag(&tag, name, key);
 	return TakeTag(&tag, name, key, now, retry_at);
+}
+
+/*
+ * LimitTake with the limit's settings read already (LimitReadSettings): no
+ * table is read, so it may be called under another module's lock (taken
+ * before this one's), as dwarf.claim does under the offers' lock.
+ */
+bool
+LimitTakeWith(const char *name, const char *key, const LimitSettings *settings,
+			  TimestampTz now, TimestampTz *retry_at)
+{
+	LimitTag	tag;
+
+	MakeTag(&tag, name, key);
+	return TakeTagWith(&tag, name, key, settings, now, retry_at);
 }
 
 /* Gives back the place a LimitTake of the same name and key took. */

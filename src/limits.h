@@ -21,6 +21,15 @@
 /* dwarf.max_limit_keys: live counts (limit and key) shared memory holds. */
 extern int	dwarf_max_limit_keys;
 
+/* A limit's settings, from its row of dwarf.limit. */
+typedef struct LimitSettings
+{
+	bool		set;			/* there is a row */
+	int32		concurrency;	/* -1: no bound */
+	int32		rate;			/* 0: no bound */
+	int64		per_us;
+} LimitSettings;
+
 extern void LimitsShmemRequest(void);
 extern void LimitsShmemStartup(void);
 
@@ -33,6 +42,9 @@ extern void LimitsShmemStartup(void);
  */
 extern bool LimitTake(const char *name, const char *key, TimestampTz now,
 					  TimestampTz *retry_at);
+extern void LimitReadSettings(const char *name, LimitSettings *s);
+extern bool LimitTakeWith(const char *name, const char *key, const LimitSettings *settings,
+						  TimestampTz now, TimestampTz *retry_at);
 extern void LimitGive(const char *name, const char *key);
 extern ConditionVariable *LimitGivenCV(void);
 

@@ -43,6 +43,7 @@
 #include "utils/wait_event.h"
 
 #include "dwarf.h"
+#include "limits.h"
 #include "offers.h"
 #include "shmem.h"
 
@@ -88,9 +89,13 @@ typedef struct Offer
 	char		graph[NAMEDATALEN];
 	char		task[NAMEDATALEN];
 	int64		lease_us;
-	dsa_pointer data;			/* input, then baggage (flat jsonb each) */
+	dsa_pointer data;			/* input, baggage (flat jsonb each), then
+								 * the limit's key */
 	Size		input_len;
 	Size		baggage_len;	/* 0: none */
+	Size		key_len;		/* of the limit's key, its NUL included; 0: none */
+	char		limit[NAMEDATALEN]; /* the named limit a claim takes; "": none */
+	bool		limit_taken;	/* its lease holds a place of it */
 	dlist_node	in_queue;		/* while ready */
 	int64		lease;			/* while leased, answering or expired */
 	TimestampTz leased_at;
@@ -236,12 +241,30 @@ FindQueue(const char *name, bool create)
 	return queue;
 }
 
-/* Ends an offer's lease, if it has one: remembered as why. */
+/* The key of an offer's limit (in the shared area), or NULL. */
+static const char *
+LimitKeyOf(Offer *offer)
+{
+	if (offer->key_len == 0)
+		return NULL;
+	return (char *) dsa_get_address(OfferArea(), offer->data) +
+		offer->input_len + offer->baggage_len;
+}
+
+/*
+ * Ends an offer's lease, if it has one: remembered as why; the place it
+ * held of the task's limit is given back.
+ */
 static void
 EndLease(Offer *offer, LeaseEnd why)
 {
 	Lease	   *lease;
 
+	if (offer->limit_taken)
+	{
+		LimitGive(offer->limit, LimitKeyOf(offer));
+		offer->limit_taken = false;
+	}
 	if (offer->lease == 0)
 		return;
 	lease = hash_search(LeaseTable, &offer->lease, HASH_FIND, NULL);
@@ -260,7 +283,7 @@ FreeData(Offer *offer)
 	if (DsaPointerIsValid(offer->data))
 	{
 		dsa_free(OfferArea(), offer->data);
-		Offers->bytes -= offer->input_len + offer->baggage_len;
+		Offers->bytes -= offer->input_len + offer->baggage_len + offer->key_len;
 		offer->data = InvalidDsaPointer;
 	}
 }
@@ -296,6 +319,7 @@ OfferPublish(const OfferSpec *spec)
 	dsa_area   *area = OfferArea();
 	Size		input_len = VARSIZE(spec->input);
 	Size		baggage_len = spec->baggage ? VARSIZE(spec->baggage) : 0;
+	Size		key_len = spec->limit_key ? strlen(spec->limit_key) + 1 : 0;
 	Offer	   *offer;
 	OfferQueue *queue;
 	bool		found;
@@ -313,12 +337,13 @@ OfferPublish(const OfferSpec *spec)
 		RemoveOffer(offer, offer->state == OFFER_ANSWERING ? LEASE_ANSWERED : LEASE_EXPIRED);
 	queue = FindQueue(spec->queue, true);
 	if (queue == NULL ||
-		Offers->bytes + input_len + baggage_len > (Size) dwarf_external_memory * 1024)
+		Offers->bytes + input_len + baggage_len + key_len > (Size) dwarf_external_memory * 1024)
 	{
 		LWLockRelease(Offers->lock);
 		return false;
 	}
-	data = dsa_allocate_extended(area, input_len + baggage_len, DSA_ALLOC_NO_OOM | DSA_ALLOC_HUGE);
+	data = dsa_allocate_extended(area, input_len + baggage_len + key_len,
+								 DSA_ALLOC_NO_OOM | DSA_ALLOC_HUGE);
 	if (!DsaPointerIsValid(data))
 	{
 		LWLockRelease(Offers->lock);
@@ -346,7 +371,13 @@ OfferPublish(const OfferSpec *spec)
 	memcpy(dsa_get_address(area, data), spec->input, input_len);
 	if (baggage_len)
 		memcpy((char *) dsa_get_address(area, data) + input_len, spec->baggage, baggage_len);
-	Offers->bytes += input_len + baggage_len;
+	offer->key_len = key_len;
+	if (key_len)
+		memcpy((char *) dsa_get_address(area, data) + input_len + baggage_len,
+			   spec->limit_key, key_len);
+	strlcpy(offer->limit, spec->limit ? spec->limit : "", NAMEDATALEN);
+	offer->limit_taken = false;
+	Offers->bytes += input_len + baggage_len + key_len;
 	offer->lease = 0;
 	offer->xid = InvalidTransactionId;
 	offer->absent = 0;
@@ -525,15 +556,51 @@ OwnerIn(Oid role, Oid *owners, int nowners)
 }
 
 /*
+ * The names of the limits the ready steps of queue take, for a claim to
+ * read their settings before it claims (OffersClaim takes them under the
+ * offers' lock, where no table may be read).
+ */
+List *
+OffersLimitNames(const char *queue_name)
+{
+	OfferQueue *queue;
+	dlist_iter	iter;
+	List	   *names = NIL;
+
+	LWLockAcquire(Offers->lock, LW_SHARED);
+	queue = FindQueue(queue_name, false);
+	if (queue)
+		dlist_foreach(iter, &queue->ready)
+		{
+			Offer	   *offer = dlist_container(Offer, in_queue, iter.cur);
+			ListCell   *lc;
+			bool		known = false;
+
+			if (offer->limit[0] == '\0')
+				continue;
+			foreach(lc, names)
+				if (strcmp(lfirst(lc), offer->limit) == 0)
+					known = true;
+			if (!known)
+				names = lappend(names, pstrdup(offer->limit));
+		}
+	LWLockRelease(Offers->lock);
+	return names;
+}
+
+/*
  * Leases up to max ready steps of queue, first offered first, of flows
  * owned by one of owners (any_owner: anyone's), for lease_us (0: each
  * task's own lease).  Steps of other owners are skipped; the owners not in
  * owners that were met are returned in *seen (palloc'd), for the caller to
- * check and claim again with.  Returns ClaimedSteps, their inputs copied.
+ * check and claim again with.  A step whose task names a limit is claimed
+ * only if take_limit takes a place of it (under this lock: it must read no
+ * table); its lease holds the place until it ends.  Returns ClaimedSteps,
+ * their inputs copied.
  */
 List *
 OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int nowners,
-			bool any_owner, Oid **seen, int *nseen)
+			bool any_owner, Oid **seen, int *nseen, ClaimLimitCheck take_limit, void *arg)
 {
 	dsa_area   *area = OfferArea();
 	OfferQueue *queue;
@@ -574,6 +641,12 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 			}
 			continue;
 		}
+		if (offer->limit[0] != '\0')
+		{
+			if (!take_limit(offer->limit, LimitKeyOf(offer), arg))
+				continue;		/* no room under its limit now */
+			offer->limit_taken = true;
+		}
 		lease = NULL;
 		while (lease == NULL)
 		{
@@ -590,7 +663,14 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 				lease = NULL;
 		}
 		if (lease == NULL)
+		{
+			if (offer->limit_taken)
+			{
+				LimitGive(offer->limit, LimitKeyOf(offer));
+				offer->limit_taken = false;
+			}
 			break;
+		}
 		lease->key = offer->key;
 		lease->end = LEASE_HELD;
 		lease->ended_at = 0;

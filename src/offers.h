@@ -48,6 +48,8 @@ typedef struct OfferSpec
 	int64		lease_us;		/* the task's lease, when a claim names none */
 	Jsonb	   *input;			/* the step's state */
 	Jsonb	   *baggage;		/* or NULL */
+	const char *limit;			/* the named limit a claim takes, or NULL */
+	const char *limit_key;		/* ... its key, or NULL */
 } OfferSpec;
 
 /* A step dwarf.claim took. */
@@ -133,8 +135,13 @@ extern List *OffersTakeAnswered(int worker_index);
 extern bool OfferAnswered(const OfferKey *key, int32 visits, int32 attempt);
 
 /* dwarf.claim, complete, fail, extend */
+/* May a claim start a step under this limit (name, key)?  See OffersClaim. */
+typedef bool (*ClaimLimitCheck) (const char *name, const char *key, void *arg);
+
+extern List *OffersLimitNames(const char *queue);
 extern List *OffersClaim(const char *queue, int max, int64 lease_us, Oid *owners,
-						 int nowners, bool any_owner, Oid **seen, int *nseen);
+						 int nowners, bool any_owner, Oid **seen, int *nseen,
+						 ClaimLimitCheck take_limit, void *arg);
 extern bool OffersWait(const char *queue, TimestampTz until);
 extern void OffersCancelWait(void);
 extern LeaseEnd LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info);

@@ -22,6 +22,7 @@
 #include "dwarf.h"
 #include "shmem.h"
 #include "flowrun.h"
+#include "limits.h"
 #include "offers.h"
 #include "worker.h"
 
@@ -136,6 +137,9 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	spec.lease_us = node->lease_us;
 	spec.input = FlowTokenState(flow, token);
 	spec.baggage = flow->baggage;
+	spec.limit = node->limit;
+	if (node->limit && node->limit_key != (Datum) 0)
+		spec.limit_key = LimitKey(node->limit_key, spec.input);
 	if (token->attempt == 1 && token->first_started == 0)
 		token->first_started = now;
 	if (!OfferPublish(&spec))

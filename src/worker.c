@@ -248,8 +248,8 @@ TakeLimit(FlowRun *flow, Token *token)
 	TimestampTz retry_at;
 	char	   *key = NULL;
 
-	if (node->limit == NULL)
-		return true;
+	if (node->limit == NULL || node->kind != TASK_FUNCTION)
+		return true;			/* an external step's claim takes it */
 	now = GetCurrentTimestamp();
 	if (node->limit_key != (Datum) 0)
 		key = LimitKey(node->limit_key, FlowTokenState(flow, token));

@@ -22,7 +22,10 @@
 #  7. a server crash with leases out: every waiting step is offered again,
 #     the old leases are refused, and each flow completes once;
 #  8. the README's two workers (in plain SQL, and in a shell with psql) do
-#     what it says.
+#     what it says;
+#  9. a named limit on an external task bounds its claimed steps: never more
+#     leased at once than its concurrency (per key, when it has one), a place
+#     given back when a step is answered or its lease runs out.
 use strict;
 use warnings;
 
@@ -317,6 +320,43 @@ $sh_worker =~ s/wait => '30 s'/wait => '5 s'/;
 ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
 	WHERE g.name = 'summaries' AND f.status = 'completed' AND f.state->>'summary' LIKE '%SHELL %'}, '2'),
 	"the README's shell worker completed the steps with the program's output");
+
+# ------------------------------------------------------------------ 9. limits
+as('alice', q{
+SELECT dwarf.set_limit('model', concurrency => 2);
+SELECT dwarf.set_limit('per_customer', concurrency => 1);
+SELECT dwarf.define('limited', '{"tasks": {
+	"M": {"external": "model", "lease": "1 min", "limit": "model"},
+	"C": {"external": "cust", "lease": "2 s", "limit": {"name": "per_customer", "key": "$.customer"}}},
+  "transitions": [{"from": "M", "to": "C"}]}');
+SELECT count(dwarf.create('limited', jsonb_build_object('customer', 'c' || (g % 2)))) FROM generate_series(1, 5) g;
+});
+my $first = as('alice', q{SELECT string_agg(lease::text, ' ') FROM dwarf.claim('model', 10, NULL, '5 s')});
+my @model = split / /, $first;
+is(scalar(@model), 2, 'a claim of 10 takes 2 steps under a limit of concurrency 2');
+is(as('alice', q{SELECT count(*) FROM dwarf.claim('model', 10)}), '0', 'no more while both are held');
+as('alice', qq{SELECT dwarf.complete($model[0], '{}')});
+my @more = split / /, as('alice', q{SELECT string_agg(lease::text, ' ') FROM dwarf.claim('model', 10, NULL, '5 s')});
+is(scalar(@more), 1, 'a completed step gives its place back: one more is claimed');
+as('alice', qq{SELECT dwarf.complete($model[1], '{}')});
+my @waited = split / /, as('alice', q{SELECT string_agg(lease::text, ' ') FROM dwarf.claim('model', 10, NULL, '5 s')});
+is(scalar(@waited), 1, 'a waiting claim takes the step whose place came back');
+as('alice', qq{SELECT dwarf.complete($_, '{}')}) for (@more, @waited);
+
+# Per key: customers c0 and c1 each get one step in progress.  The other
+# three steps of task M are done first, so that all five flows wait at C
+# (two of customer c0, three of c1).
+as('alice', q{SELECT count(dwarf.complete(lease, '{}')) FROM dwarf.claim('model', 1, NULL, '5 s')});
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.external_steps('cust')}, '5'),
+	'five steps of task C wait');
+my $cust = as('alice', q{SELECT string_agg(input->>'customer', ',' ORDER BY input->>'customer')
+	FROM dwarf.claim('cust', 10, NULL, '5 s')});
+is($cust, 'c0,c1', 'one step per customer key is claimed, not two of one customer');
+# The leases run out (2 s): their places are given back, and the steps
+# are claimed again.
+my $again = as('alice', q{SELECT string_agg(input->>'customer', ',' ORDER BY input->>'customer')
+	FROM dwarf.claim('cust', 10, NULL, '20 s')});
+like($again, qr/c/, 'a lease that ran out gives its place back');
 
 check_no_crash($node, 'no process crashed');
 stop_node($node, $t0);
