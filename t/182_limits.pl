@@ -226,6 +226,11 @@ alice(q{SELECT dwarf.create('crash', '{"test": "crash"}') FROM generate_series(1
 ok($node->poll_query_until('postgres',
 		q{SELECT in_progress FROM dwarf.limits WHERE name = 'crashy'}, '2'),
 	'two steps hold the limit');
+# (in runners: a step that has not run past dwarf.long_step yet is still in
+# a worker on a loaded machine)
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'dwarf runner'}, 't'),
+	'a runner runs a step of the limit');
 my $runner = query(q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'dwarf runner' LIMIT 1});
 my $workers = query(q{SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE backend_type = 'dwarf worker'});
 ok($runner && kill('KILL', $runner), 'a runner is killed');
