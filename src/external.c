@@ -27,6 +27,7 @@
 #include "dwarf.h"
 #include "flows.h"
 #include "flowrun.h"
+#include "graph.h"
 #include "json.h"
 #include "offers.h"
 
@@ -89,8 +90,13 @@ CheckOwners(Oid user, Oid *seen, int nseen)
 	return any;
 }
 
-/* The step key a claimed step's task sees, as dwarf.step_key() says it. */
-static text *
+/*
+ * The step key a claimed step's task sees, as dwarf.step_key() says it (in
+ * a transaction: it reads the incarnation's tag).  The same for every
+ * attempt of the step, before and after a restart: HTTP calls send it as
+ * their Idempotency-Key.
+ */
+text *
 ClaimedStepKey(ClaimedStep *step)
 {
 	char	   *tag = IncarnationTag();
@@ -127,6 +133,12 @@ dwarf_claim(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 0, "queue");
 	CheckNotNull(fcinfo, 1, "max");
 	queue = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (strncmp(queue, DWARF_OWN_QUEUES, strlen(DWARF_OWN_QUEUES)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dwarf.claim: queue \"%s\" is dwarf's own", queue),
+				 errdetail("Queues whose names start with \"%s\" are not claimed: the steps of HTTP tasks wait on \"%s\" for the server's own HTTP process.",
+						   DWARF_OWN_QUEUES, DWARF_HTTP_QUEUE)));
 	max = PG_GETARG_INT32(1);
 	if (max < 1 || max > DWARF_MAX_CLAIM)
 		ereport(ERROR,
@@ -271,13 +283,17 @@ static SPIPlanPtr FlowStatusPlan = NULL;
 static SPIPlanPtr InsertAnswerPlan = NULL;
 
 /*
- * Records an answer for a held lease in the caller's transaction: the
- * answer's row, and a note to the flow's worker at commit.  status is
- * 'completed' (with changes) or 'failed' (with error and retryable).
+ * Writes the answer of a held lease in the current transaction: fences the
+ * lease with the transaction's id, inserts the answer's row, and wakes the
+ * flow's worker at commit.  status is 'completed' (with changes) or
+ * 'failed' (with error and retryable).  An error when the lease is not held
+ * or the flow is not running.  The caller has checked who may answer:
+ * dwarf.complete and dwarf.fail (Answer), or the HTTP process (http.c),
+ * which answers for the calls it made.
  */
-static void
-Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retryable,
-	   const char *function)
+void
+WriteAnswer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retryable,
+			const char *function)
 {
 	Oid			types[10] = {INT8OID, INT4OID, INT4OID, INT4OID, TEXTOID, JSONBOID, JSONBOID,
 		BOOLOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
@@ -289,13 +305,10 @@ Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retry
 	SavedUser	saved;
 	char	   *flow_status;
 
-	CheckNotStandby(function);
-
 	/*
 	 * The lease is fenced by this (sub)transaction's id: a savepoint rolled
 	 * back gives it back, as the whole transaction's rollback does.
 	 */
-	CheckMayAnswer(lease, function);
 	why = LeaseBeginAnswer(lease, GetCurrentTransactionId(), &info);
 	LeaseNotHeld(lease, why, &info, function);
 
@@ -339,6 +352,19 @@ Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retry
 	RestoreUser(saved);
 	SPI_finish();
 	WakeOwnerOnCommit(info.key.flow_id);	/* it takes the answer (offers.c) */
+}
+
+/*
+ * Records an answer for a held lease in the caller's transaction, when the
+ * caller has the privileges of the step's flow's owner.
+ */
+static void
+Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retryable,
+	   const char *function)
+{
+	CheckNotStandby(function);
+	CheckMayAnswer(lease, function);
+	WriteAnswer(lease, status, changes, error, retryable, function);
 }
 
 DWARF_FUNCTION(dwarf_complete);

@@ -136,6 +136,7 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	spec.lease_us = node->lease_us;
 	spec.input = FlowTokenState(flow, token);
 	spec.baggage = flow->baggage;
+	spec.call = node->http;
 	if (token->attempt == 1 && token->first_started == 0)
 		token->first_started = now;
 	if (!OfferPublish(&spec))
@@ -182,7 +183,7 @@ EnqueueRunnable(FlowRun *flow)
 		if (token->queued || token->running || token->parked || token->offered)
 			continue;
 		if (token->due <= now && token->answer == NULL &&
-			flow->graph->nodes[token->node].kind == TASK_EXTERNAL &&
+			flow->graph->nodes[token->node].kind != TASK_FUNCTION &&
 			OfferExternalStep(flow, token))
 			continue;			/* waits for a claim, on no queue */
 		if (token->due <= now && room <= 0)
