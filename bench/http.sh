@@ -65,12 +65,12 @@ for _ in $(seq 1 $((DELAY * 10 + 600))); do
 done
 ended=$(date +%s.%N)
 t1=$(dwarf_ticks)
-stats=$(curl -s "$BASE/stats")
+curl -s "$BASE/stats" >"$WORK/stats"
 "${PSQL[@]}" -F ' ' -c "SELECT 'completed: ' || count(*) FILTER (WHERE f.status = 'completed') || ' of ' || count(*)
   FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'bench_http' AND f.created_at >= '$start'"
-python3 - "$stats" "$begun" "$ended" "$N" "$DELAY" "$((t1 - t0))" "$(getconf CLK_TCK)" <<'PY'
+python3 - "$WORK/stats" "$begun" "$ended" "$N" "$DELAY" "$((t1 - t0))" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
-s = json.loads(sys.argv[1]); begun, ended = float(sys.argv[2]), float(sys.argv[3])
+s = json.load(open(sys.argv[1])); begun, ended = float(sys.argv[2]), float(sys.argv[3])
 n, delay, ticks, hz = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 took = ended - begun
 print(f"{n} calls of {delay} s: all closed {took:.1f} s after the creates committed; "
