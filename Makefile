@@ -31,7 +31,11 @@ OBJS = \
 	src/archive.o \
 	src/restore.o \
 	src/offers.o \
-	src/external.o
+	src/external.o \
+	src/http.o
+
+# HTTP tasks' calls (src/http.c): Debian's libcurl4-openssl-dev to build, libcurl4 to run.
+SHLIB_LINK = -lcurl
 
 # Two extensions: dwarf on each shard (or single server), dwarf_router on a
 # router database that sends calls to the shards with PL/Proxy (pure SQL).

@@ -15,6 +15,8 @@ PACKAGES=(
 	"postgresql-${PG_MAJOR}-plproxy"
 	libipc-run-perl
 	libpq-dev
+	libcurl4-openssl-dev
+	libcurl4
 	gcc
 	make
 	binutils

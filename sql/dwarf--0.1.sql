@@ -469,6 +469,21 @@ COMMENT ON FUNCTION dwarf.external_steps(text) IS
 	'The steps of external tasks waiting now, of flows whose owners'' privileges you have: '
 	'ready, leased (since, until), answering, or expired (its failed attempt being recorded)';
 
+/*
+ * HTTP tasks ({"http": "POST https://host/path"}): the server's own HTTP
+ * process makes the call; the answer is the step's changes.  A flow's
+ * owner needs EXECUTE on dwarf.http_call for its HTTP steps to be called
+ * (checked before each call); the URL must be inside dwarf.http_allow.
+ */
+CREATE FUNCTION dwarf.http_call(url text) RETURNS boolean
+	LANGUAGE c STABLE
+	AS 'MODULE_PATHNAME', 'dwarf_http_call';
+COMMENT ON FUNCTION dwarf.http_call(text) IS
+	'Whether HTTP tasks may call url (it starts with one of dwarf.http_allow''s prefixes). '
+	'EXECUTE on this function is the privilege of making HTTP calls: '
+	'the HTTP steps of a flow whose owner lacks it fail without a request';
+REVOKE ALL ON FUNCTION dwarf.http_call(text) FROM PUBLIC;
+
 CREATE FUNCTION dwarf.goto(task text) RETURNS void
 	LANGUAGE c STRICT
 	AS 'MODULE_PATHNAME', 'dwarf_goto';

@@ -368,6 +368,49 @@ _PG_init(void)
 							GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
+	/*
+	 * HTTP tasks (http.c): server-wide, set in postgresql.conf or with
+	 * ALTER SYSTEM (and reload); the launcher starts a database's HTTP
+	 * process only while dwarf.http_allow is set.
+	 */
+	DefineCustomStringVariable("dwarf.http_allow",
+							   "URL prefixes HTTP tasks may call, separated by commas.",
+							   "Empty (the default) allows no call: no HTTP process runs, and HTTP steps wait. "
+							   "A step whose URL starts with none of them fails without a request. "
+							   "End each prefix with a slash (\"https://api.example.com/\"), or it allows more hosts than it names.",
+							   &dwarf_http_allow,
+							   "",
+							   PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.http_max_response",
+							"Largest answer body an HTTP task takes.",
+							"A call whose answer is larger is aborted, and its step fails (not retried).",
+							&dwarf_http_max_response,
+							1024, 1, 1024 * 1024,
+							PGC_SIGHUP,
+							GUC_UNIT_KB,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.http_max_in_flight",
+							"HTTP calls one database's HTTP process makes at once.",
+							"Steps past it wait, offered, until a call ends.",
+							&dwarf_http_max_in_flight,
+							10000, 1, 1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.http_max_host_connections",
+							"Connections one database's HTTP process opens to one host at once.",
+							"Calls past it wait for a connection, their timeout running.",
+							&dwarf_http_max_host_connections,
+							1000, 1, 1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("dwarf");
 
 	RegisterXactCallback(DwarfXactCallback, NULL);

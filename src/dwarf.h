@@ -49,6 +49,10 @@ extern int	dwarf_max_tree_flows;
 extern int	dwarf_max_step_children;
 extern int	dwarf_max_external_steps;	/* steps offered to claims at once */
 extern int	dwarf_external_memory;	/* kB their states may take */
+extern char *dwarf_http_allow;	/* URL prefixes HTTP tasks may call */
+extern int	dwarf_http_max_response;	/* kB of an HTTP answer's body */
+extern int	dwarf_http_max_in_flight;	/* HTTP calls at once, per database */
+extern int	dwarf_http_max_host_connections;	/* ... connections per host */
 
 /*
  * Flow ids are (shard << DWARF_SHARD_SHIFT) | (timeline & 0xFF) <<

@@ -27,6 +27,7 @@
 #include "dwarf.h"
 #include "flows.h"
 #include "flowrun.h"
+#include "graph.h"
 #include "json.h"
 #include "limits.h"
 #include "offers.h"
@@ -143,8 +144,32 @@ TakeClaimLimit(const char *name, const char *key, void *arg)
 	return false;				/* offered since the settings were read */
 }
 
-/* The step key a claimed step's task sees, as dwarf.step_key() says it. */
-static text *
+/*
+ * OffersClaim, with the places of the steps' limits taken (the limits'
+ * settings are read first: in a transaction).  *limit_retry_at is when a
+ * step left for want of room under its limit may have it (0: none left).
+ */
+List *
+ClaimOffered(const char *queue, int max, int64 lease_us, Oid *owners, int nowners,
+			 bool any_owner, Oid **seen, int *nseen, TimestampTz *limit_retry_at)
+{
+	ClaimLimits limits = {0};
+	List	   *claimed;
+
+	ReadClaimLimits(&limits, queue);
+	claimed = OffersClaim(queue, max, lease_us, owners, nowners, any_owner, seen, nseen,
+						  TakeClaimLimit, &limits);
+	*limit_retry_at = limits.retry_at;
+	return claimed;
+}
+
+/*
+ * The step key a claimed step's task sees, as dwarf.step_key() says it (in
+ * a transaction: it reads the incarnation's tag).  The same for every
+ * attempt of the step, before and after a restart: HTTP calls send it as
+ * their Idempotency-Key.
+ */
+text *
 ClaimedStepKey(ClaimedStep *step)
 {
 	char	   *tag = IncarnationTag();
@@ -181,6 +206,12 @@ dwarf_claim(PG_FUNCTION_ARGS)
 	CheckNotNull(fcinfo, 0, "queue");
 	CheckNotNull(fcinfo, 1, "max");
 	queue = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (strncmp(queue, DWARF_OWN_QUEUES, strlen(DWARF_OWN_QUEUES)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dwarf.claim: queue \"%s\" is dwarf's own", queue),
+				 errdetail("Queues whose names start with \"%s\" are not claimed: the steps of HTTP tasks wait on \"%s\" for the server's own HTTP process.",
+						   DWARF_OWN_QUEUES, DWARF_HTTP_QUEUE)));
 	max = PG_GETARG_INT32(1);
 	if (max < 1 || max > DWARF_MAX_CLAIM)
 		ereport(ERROR,
@@ -218,12 +249,11 @@ dwarf_claim(PG_FUNCTION_ARGS)
 		Oid		   *seen;
 		int			nseen;
 		List	   *more;
-		ClaimLimits limits = {0};
+		TimestampTz limit_retry_at;
 
-		ReadClaimLimits(&limits, queue);
-		more = OffersClaim(queue, max - list_length(claimed), lease_us,
-						   Roles.allowed, Roles.nallowed, any_owner, &seen, &nseen,
-						   TakeClaimLimit, &limits);
+		more = ClaimOffered(queue, max - list_length(claimed), lease_us,
+							Roles.allowed, Roles.nallowed, any_owner, &seen, &nseen,
+							&limit_retry_at);
 		claimed = list_concat(claimed, more);
 		if (list_length(claimed) < max && nseen > 0 && CheckOwners(user, seen, nseen))
 			continue;			/* steps of roles found allowed just now */
@@ -235,7 +265,7 @@ dwarf_claim(PG_FUNCTION_ARGS)
 		 * wait for room under their limits, until one may have room (a
 		 * limit's places given back wake no claim).
 		 */
-		if (!OffersWait(queue, limits.retry_at > 0 ? Min(until, limits.retry_at) : until) &&
+		if (!OffersWait(queue, limit_retry_at > 0 ? Min(until, limit_retry_at) : until) &&
 			GetCurrentTimestamp() >= until)
 			break;
 	}
@@ -337,13 +367,17 @@ static SPIPlanPtr FlowStatusPlan = NULL;
 static SPIPlanPtr InsertAnswerPlan = NULL;
 
 /*
- * Records an answer for a held lease in the caller's transaction: the
- * answer's row, and a note to the flow's worker at commit.  status is
- * 'completed' (with changes) or 'failed' (with error and retryable).
+ * Writes the answer of a held lease in the current transaction: fences the
+ * lease with the transaction's id, inserts the answer's row, and wakes the
+ * flow's worker at commit.  status is 'completed' (with changes) or
+ * 'failed' (with error and retryable).  An error when the lease is not held
+ * or the flow is not running.  The caller has checked who may answer:
+ * dwarf.complete and dwarf.fail (Answer), or the HTTP process (http.c),
+ * which answers for the calls it made.
  */
-static void
-Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retryable,
-	   const char *function)
+void
+WriteAnswer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retryable,
+			const char *function)
 {
 	Oid			types[10] = {INT8OID, INT4OID, INT4OID, INT4OID, TEXTOID, JSONBOID, JSONBOID,
 		BOOLOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
@@ -355,13 +389,10 @@ Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retry
 	SavedUser	saved;
 	char	   *flow_status;
 
-	CheckNotStandby(function);
-
 	/*
 	 * The lease is fenced by this (sub)transaction's id: a savepoint rolled
 	 * back gives it back, as the whole transaction's rollback does.
 	 */
-	CheckMayAnswer(lease, function);
 	why = LeaseBeginAnswer(lease, GetCurrentTransactionId(), &info);
 	LeaseNotHeld(lease, why, &info, function);
 
@@ -405,6 +436,19 @@ Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retry
 	RestoreUser(saved);
 	SPI_finish();
 	WakeOwnerOnCommit(info.key.flow_id);	/* it takes the answer (offers.c) */
+}
+
+/*
+ * Records an answer for a held lease in the caller's transaction, when the
+ * caller has the privileges of the step's flow's owner.
+ */
+static void
+Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retryable,
+	   const char *function)
+{
+	CheckNotStandby(function);
+	CheckMayAnswer(lease, function);
+	WriteAnswer(lease, status, changes, error, retryable, function);
 }
 
 DWARF_FUNCTION(dwarf_complete);

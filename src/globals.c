@@ -30,6 +30,10 @@ int			dwarf_max_tree_flows = 10000;
 int			dwarf_max_step_children = 1000;
 int			dwarf_max_external_steps = 20000;
 int			dwarf_external_memory = 65536;	/* kB */
+char	   *dwarf_http_allow = NULL;
+int			dwarf_http_max_response = 1024;	/* kB */
+int			dwarf_http_max_in_flight = 10000;
+int			dwarf_http_max_host_connections = 1000;
 
 /* this process's state as a worker (or runner): see worker.h */
 WorkerState Worker = {.full_scan = true};

@@ -552,10 +552,178 @@ ParseLimit(GraphNode *node, JsonbValue *v, const char *what)
 						node->limit, node->name);
 }
 
+/* Headers dwarf sets on every HTTP call, or that the transfer owns. */
+static const char *const HttpOwnHeaders[] = {
+	"idempotency-key", "content-type", "content-length", "host", "transfer-encoding",
+	"expect", "connection"
+};
+
 /*
- * A task written as an object: {"function": "schema.fn"} or
- * {"external": "queue"}, with "retry", "time_budget", "limit" and (external)
- * "lease".
+ * One header of an HTTP task: a name, and a value that is a string or
+ * {"baggage": "key"} (the flow's baggage->>'key', read at each call, so that
+ * a secret need not sit in the graph).  Added to the call's headers object.
+ */
+static void
+ParseHttpHeader(JsonbParseState **state, const char *task, const char *name, JsonbValue *value)
+{
+	JsonbValue	k;
+	int			i;
+
+	if (name[0] == '\0' || strspn(name, "!#$%&'*+-.^_`|~0123456789"
+								  "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") != strlen(name))
+		DefinitionError("invalid graph definition: \"%s\" cannot name a header of task \"%s\"",
+						name, task);
+	for (i = 0; i < lengthof(HttpOwnHeaders); i++)
+		if (pg_strcasecmp(name, HttpOwnHeaders[i]) == 0 || pg_strncasecmp(name, "dwarf-", 6) == 0)
+			DefinitionError("invalid graph definition: task \"%s\" may not set header \"%s\": dwarf sets it",
+							task, name);
+	if (value->type == jbvString)
+	{
+		if (memchr(value->val.string.val, '\r', value->val.string.len) ||
+			memchr(value->val.string.val, '\n', value->val.string.len))
+			DefinitionError("invalid graph definition: header \"%s\" of task \"%s\" spans lines",
+							name, task);
+	}
+	else if (value->type != jbvBinary || !JsonContainerIsObject(value->val.binary.data) ||
+			 JsonContainerSize(value->val.binary.data) != 1 ||
+			 JsonbField(JsonbValueToJsonb(value), "baggage") == NULL ||
+			 JsonbField(JsonbValueToJsonb(value), "baggage")->type != jbvString)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: header \"%s\" of task \"%s\" must be a string or {\"baggage\": \"key\"}",
+						name, task)));
+	k.type = jbvString;
+	k.val.string.val = (char *) name;
+	k.val.string.len = strlen(name);
+	pushJsonbValue(state, WJB_KEY, &k);
+	pushJsonbValue(state, WJB_VALUE, value);
+}
+
+/*
+ * An HTTP task's call: "POST http://host/path" (a URL alone is a POST), or
+ * {"method", "url", "headers"}.  Checked here, at define: the method, an
+ * http or https URL, the headers.  Returns {"method", "url", "headers"}.
+ */
+static Jsonb *
+ParseHttp(GraphNode *node, JsonbValue *v)
+{
+	static const char *const methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE"};
+	const char *what = psprintf("the call (\"http\") of task \"%s\"", node->name);
+	char	   *method = "POST";
+	char	   *url = NULL;
+	JsonbValue *headers = NULL;
+	JsonbParseState *state = NULL;
+	JsonbValue	k,
+				val;
+	const char *rest;
+	bool		known = false;
+	int			i;
+
+	if (v->type == jbvString)
+	{
+		char	   *text = StringValue(v, what);
+		char	   *space = strchr(text, ' ');
+
+		url = text;
+		if (space)
+		{
+			*space = '\0';
+			method = text;
+			url = space + 1;
+		}
+	}
+	else
+	{
+		JsonbIterator *it = IterateValue(v, true, what);
+		JsonbIteratorToken tok;
+
+		while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+		{
+			char	   *key;
+
+			if (tok != WJB_KEY)
+				continue;
+			key = pnstrdup(k.val.string.val, k.val.string.len);
+			(void) JsonbIteratorNext(&it, &val, true);
+			if (strcmp(key, "method") == 0)
+				method = StringValue(&val, psprintf("the method of task \"%s\"", node->name));
+			else if (strcmp(key, "url") == 0)
+				url = StringValue(&val, psprintf("the url of task \"%s\"", node->name));
+			else if (strcmp(key, "headers") == 0)
+			{
+				headers = palloc(sizeof(JsonbValue));
+				*headers = val;
+			}
+			else
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("invalid graph definition: unknown key \"%s\" in the call of task \"%s\"",
+								key, node->name),
+						 errhint("An HTTP call is \"METHOD url\", or an object with \"method\", \"url\" and \"headers\".")));
+		}
+		if (url == NULL)
+			DefinitionError("invalid graph definition: the call of task \"%s\" has no \"url\"", node->name);
+	}
+	for (i = 0; i < lengthof(methods); i++)
+		if (strcmp(method, methods[i]) == 0)
+			known = true;
+	if (!known)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: \"%s\" is not a method task \"%s\" may call with",
+						method, node->name),
+				 errhint("An HTTP task's method is GET, POST, PUT, PATCH or DELETE (in capitals).")));
+	rest = strncmp(url, "http://", 7) == 0 ? url + 7 :
+		strncmp(url, "https://", 8) == 0 ? url + 8 : NULL;
+	if (rest == NULL || rest[0] == '\0' || rest[0] == '/' || strlen(url) > 2048 ||
+		strpbrk(url, " \t\r\n\"<>\\^`{|}") != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: \"%s\" is not a URL task \"%s\" may call", url, node->name),
+				 errhint("An HTTP task calls an http:// or https:// URL with a host, of at most 2048 characters, without spaces.")));
+
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	k.type = jbvString;
+	val.type = jbvString;
+	k.val.string.val = "method";
+	k.val.string.len = 6;
+	val.val.string.val = method;
+	val.val.string.len = strlen(method);
+	pushJsonbValue(&state, WJB_KEY, &k);
+	pushJsonbValue(&state, WJB_VALUE, &val);
+	k.val.string.val = "url";
+	k.val.string.len = 3;
+	val.val.string.val = url;
+	val.val.string.len = strlen(url);
+	pushJsonbValue(&state, WJB_KEY, &k);
+	pushJsonbValue(&state, WJB_VALUE, &val);
+	k.val.string.val = "headers";
+	k.val.string.len = 7;
+	pushJsonbValue(&state, WJB_KEY, &k);
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	if (headers)
+	{
+		JsonbIterator *it = IterateValue(headers, true,
+										 psprintf("the headers of task \"%s\"", node->name));
+		JsonbIteratorToken tok;
+		JsonbValue	h;
+
+		while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+		{
+			if (tok != WJB_KEY)
+				continue;
+			(void) JsonbIteratorNext(&it, &h, true);
+			ParseHttpHeader(&state, node->name, pnstrdup(k.val.string.val, k.val.string.len), &h);
+		}
+	}
+	pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+}
+
+/*
+ * A task written as an object: {"function": "schema.fn"},
+ * {"external": "queue"} or {"http": call}, with "retry", "time_budget",
+ * "limit", (external) "lease" and (HTTP) "timeout".
  */
 static void
 ParseTaskObject(GraphNode *node, JsonbValue *v)
@@ -566,6 +734,7 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 				val;
 	JsonbValue *retry = NULL;
 	int			kinds = 0;
+	int64		timeout_us = 0;
 
 	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
 	{
@@ -588,10 +757,23 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 			node->kind = TASK_EXTERNAL;
 			node->queue = StringValue(&val, psprintf("the queue (\"external\") of task \"%s\"",
 													 node->name));
-			if (node->queue[0] == '\0' || strlen(node->queue) > NAMEDATALEN - 1)
+			if (node->queue[0] == '\0' || strlen(node->queue) > NAMEDATALEN - 1 ||
+				strncmp(node->queue, DWARF_OWN_QUEUES, strlen(DWARF_OWN_QUEUES)) == 0)
 				DefinitionError("invalid graph definition: \"%s\" cannot name the queue of task \"%s\"",
 								node->queue, node->name);
 			kinds++;
+		}
+		else if (strcmp(key, "http") == 0)
+		{
+			node->kind = TASK_HTTP;
+			node->http = ParseHttp(node, &val);
+			kinds++;
+		}
+		else if (strcmp(key, "timeout") == 0)
+		{
+			timeout_us = IntervalValue(&val, what);
+			if (timeout_us <= 0)
+				DefinitionError("invalid graph definition: %s must be longer than zero", what);
 		}
 		else if (strcmp(key, "lease") == 0)
 		{
@@ -617,14 +799,22 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("invalid graph definition: unknown key \"%s\" in task \"%s\"",
 							key, node->name),
-					 errhint("A task is a function name, or an object with \"function\" or \"external\" and optionally \"retry\", \"time_budget\", \"limit\" and (external) \"lease\".")));
+					 errhint("A task is a function name, or an object with \"function\", \"external\" or \"http\" and optionally \"retry\", \"time_budget\", \"limit\", (external) \"lease\" and (HTTP) \"timeout\".")));
 	}
 	if (kinds != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid graph definition: task \"%s\" must have one of \"function\" and \"external\"",
+				 errmsg("invalid graph definition: task \"%s\" must have one of \"function\", \"external\" and \"http\"",
 						node->name),
-				 errhint("{\"function\": \"schema.fn\"} is a SQL function; {\"external\": \"queue\"} is done by a worker outside the server (dwarf.claim).")));
+				 errhint("{\"function\": \"schema.fn\"} is a SQL function; {\"external\": \"queue\"} is done by a worker outside the server (dwarf.claim); {\"http\": \"POST https://host/path\"} is an HTTP call the server makes.")));
+	if (timeout_us > 0 && node->kind != TASK_HTTP)
+		DefinitionError("invalid graph definition: only an HTTP task has a timeout (task \"%s\")",
+						node->name);
+	if (node->time_budget_us > 0 && node->kind == TASK_HTTP)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: HTTP task \"%s\" has no time_budget", node->name),
+				 errhint("Its \"timeout\" limits how long one call may take.")));
 	if (node->lease_us > 0 && node->kind != TASK_EXTERNAL)
 		DefinitionError("invalid graph definition: only an external task has a lease (task \"%s\")",
 						node->name);
@@ -635,6 +825,20 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 				 errhint("Its lease limits how long a worker outside may take: an attempt whose lease runs out fails.")));
 	if (node->kind == TASK_EXTERNAL && node->lease_us == 0)
 		node->lease_us = DWARF_DEFAULT_LEASE_MS * INT64CONST(1000);
+	if (node->kind == TASK_HTTP)
+	{
+		const char *key = "timeout_ms";
+		JsonbValue	ms;
+
+		if (timeout_us == 0)
+			timeout_us = DWARF_DEFAULT_HTTP_TIMEOUT_MS * INT64CONST(1000);
+		timeout_us = Max(timeout_us, 1000);
+		ms.type = jbvNumeric;
+		ms.val.numeric = int64_to_numeric((timeout_us + 999) / 1000);
+		node->http = JsonbWithKeys(node->http, 1, &key, &ms);
+		node->queue = DWARF_HTTP_QUEUE;
+		node->lease_us = timeout_us + DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000);
+	}
 	if (retry)
 		ParseRetry(node, retry);
 }
@@ -681,7 +885,7 @@ ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 		{
 			node->spec = JsonbValueToJsonb(&v);
 			ParseTaskObject(node, &v);
-			if (node->kind == TASK_EXTERNAL)
+			if (node->kind == TASK_EXTERNAL || node->kind == TASK_HTTP)
 				graph->has_external = true;
 		}
 		else

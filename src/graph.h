@@ -63,9 +63,26 @@ typedef struct Edge
 typedef enum TaskKind
 {
 	TASK_FUNCTION,				/* a SQL function, called by a worker */
-	TASK_EXTERNAL				/* a worker outside the server, through
+	TASK_EXTERNAL,				/* a worker outside the server, through
 								 * dwarf.claim and dwarf.complete */
+	TASK_HTTP					/* an HTTP call that dwarf's own HTTP process
+								 * makes (http.c): an external task whose
+								 * outside worker is the server */
 } TaskKind;
+
+/*
+ * The queue of HTTP tasks' steps.  Queue names that start with
+ * DWARF_OWN_QUEUES are dwarf's own: no graph may name one, and dwarf.claim
+ * refuses them, so that no user takes an HTTP step.
+ */
+#define DWARF_OWN_QUEUES	"dwarf."
+#define DWARF_HTTP_QUEUE	"dwarf.http"
+
+/* An HTTP task's timeout when its definition gives none: 30 s. */
+#define DWARF_DEFAULT_HTTP_TIMEOUT_MS	(30 * 1000)
+
+/* An HTTP step's lease is its timeout and this much more. */
+#define DWARF_HTTP_LEASE_MARGIN_MS	(10 * 1000)
 
 /*
  * A task's retry policy ("retry" in its definition): how many attempts a
@@ -90,8 +107,12 @@ typedef struct GraphNode
 {
 	char	   *name;
 	TaskKind	kind;
-	char	   *queue;			/* TASK_EXTERNAL: dwarf.claim's queue */
-	int64		lease_us;		/* TASK_EXTERNAL: a claim's default lease */
+	char	   *queue;			/* TASK_EXTERNAL: dwarf.claim's queue;
+								 * TASK_HTTP: DWARF_HTTP_QUEUE */
+	int64		lease_us;		/* TASK_EXTERNAL: a claim's default lease;
+								 * TASK_HTTP: the timeout and a margin */
+	Jsonb	   *http;			/* TASK_HTTP: the call, for http.c: {"method",
+								 * "url", "headers", "timeout_ms"} */
 	int64		time_budget_us; /* how long one step may take; 0: the flow's */
 	RetryPolicy retry;
 	char	   *limit;			/* the dwarf.set_limit name it counts under */
@@ -122,7 +143,8 @@ typedef struct Graph
 	Reducer    *reducers;
 	MemoryContext cxt;
 	bool		prepared;		/* FmgrInfos set up, EXECUTE checks valid */
-	bool		has_external;	/* a task is external: loads read answers */
+	bool		has_external;	/* a task is external or HTTP: loads read
+								 * answers */
 	MemoryContext calls_cxt;	/* what the FmgrInfos keep */
 } Graph;
 

@@ -39,6 +39,7 @@
 #include "dwarf.h"
 #include "shmem.h"
 #include "flows.h"
+#include "http.h"
 
 /* A database the launcher knows of, and the workers it started there. */
 typedef struct LauncherDb
@@ -55,6 +56,9 @@ typedef struct LauncherDb
 	int			retry_ms[DWARF_MAX_WORKERS];	/* backoff while no slot is free, or 0 */
 	TimestampTz waiting_since[DWARF_MAX_WORKERS];	/* ... since when */
 	bool		warned[DWARF_MAX_WORKERS];	/* ... and the log says so */
+	BackgroundWorkerHandle *http;	/* its HTTP process (http.c), or NULL */
+	int			http_slot;
+	TimestampTz http_restart_at;
 } LauncherDb;
 
 /* A row of pg_database that may have dwarf. */
@@ -345,6 +349,68 @@ StartWorker(LauncherDb *db, int index, TimestampTz now)
 	db->started_gen[index] = rescan_gen;
 }
 
+/*
+ * Starts the HTTP process of a database (http.c), in a worker slot of its
+ * own (index DWARF_HTTP_INDEX), so that DROP DATABASE and DROP EXTENSION
+ * stop it with the database's workers.  Without a free slot it is tried
+ * again later; the database's workers' waits already say why in the log.
+ */
+static void
+StartHttp(LauncherDb *db, TimestampTz now)
+{
+	BackgroundWorker worker;
+	int			slot = ClaimSlot(db->dboid, DWARF_HTTP_INDEX);
+
+	db->http_restart_at = TimestampTzPlusMilliseconds(now, RETRY_MAX_MS);
+	if (slot < 0)
+		return;
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "dwarf");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "DwarfHttpMain");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "dwarf http for database %u", db->dboid);
+	snprintf(worker.bgw_type, BGW_MAXLEN, "dwarf http");
+	worker.bgw_main_arg = Int32GetDatum(slot);
+	worker.bgw_notify_pid = MyProcPid;
+	if (!RegisterDynamicBackgroundWorker(&worker, &db->http))
+	{
+		ReleaseSlot(slot);
+		db->http = NULL;
+		return;
+	}
+	db->http_slot = slot;
+}
+
+/*
+ * Keeps a database's HTTP process running while dwarf.http_allow is set
+ * and its first worker runs (so dwarf is installed there); it exits by
+ * itself once the setting is emptied.  Returns how long the launcher may
+ * sleep for it (-1: no limit).
+ */
+static long
+TendHttp(LauncherDb *db, TimestampTz now)
+{
+	pid_t		pid;
+
+	if (db->http != NULL && GetBackgroundWorkerPid(db->http, &pid) == BGWH_STOPPED)
+	{
+		db->http_restart_at = TimestampTzPlusMilliseconds(now, Dwarf->workers[db->http_slot].no_extension ?
+														  RETRY_MAX_MS : RESTART_DELAY_MS);
+		pfree(db->http);
+		db->http = NULL;
+		ReleaseSlot(db->http_slot);
+	}
+	if (db->http != NULL || db->absent || dwarf_http_allow[0] == '\0' || db->handles[0] == NULL)
+		return -1;
+	if (Dwarf->workers[db->slots[0]].pid == 0)
+		return RESTART_DELAY_MS;	/* look again once it runs */
+	if (db->http_restart_at <= now)
+		StartHttp(db, now);
+	return db->http ? -1 : TimestampDifferenceMilliseconds(now, db->http_restart_at) + 1;
+}
+
 /* The entry of dboid in a list of DbEntry, or NULL. */
 static DbEntry *
 FindDatabase(List *entries, Oid dboid)
@@ -375,6 +441,8 @@ ForgetDropped(void)
 		for (w = 0; w < DWARF_MAX_WORKERS; w++)
 			if (dbs[i].handles[w] != NULL)
 				idle = false;
+		if (dbs[i].http != NULL)
+			idle = false;
 		if (idle && dbs[i].dropped)
 		{
 			dbs[i] = dbs[--ndbs];
@@ -520,6 +588,13 @@ TendWorkers(void)
 					sleep_ms = ms;
 			}
 		}
+	}
+	for (d = 0; d < ndbs; d++)
+	{
+		long		ms = TendHttp(&dbs[d], now);
+
+		if (ms >= 0 && (sleep_ms < 0 || ms < sleep_ms))
+			sleep_ms = ms;
 	}
 	return sleep_ms;
 }

@@ -89,10 +89,11 @@ typedef struct Offer
 	char		graph[NAMEDATALEN];
 	char		task[NAMEDATALEN];
 	int64		lease_us;
-	dsa_pointer data;			/* input, baggage (flat jsonb each), then
+	dsa_pointer data;			/* input, baggage, call (flat jsonb each), then
 								 * the limit's key */
 	Size		input_len;
 	Size		baggage_len;	/* 0: none */
+	Size		call_len;		/* 0: none (not an HTTP task) */
 	Size		key_len;		/* of the limit's key, its NUL included; 0: none */
 	char		limit[NAMEDATALEN]; /* the named limit a claim takes; "": none */
 	bool		limit_taken;	/* its lease holds a place of it */
@@ -248,7 +249,7 @@ LimitKeyOf(Offer *offer)
 	if (offer->key_len == 0)
 		return NULL;
 	return (char *) dsa_get_address(OfferArea(), offer->data) +
-		offer->input_len + offer->baggage_len;
+		offer->input_len + offer->baggage_len + offer->call_len;
 }
 
 /*
@@ -283,7 +284,7 @@ FreeData(Offer *offer)
 	if (DsaPointerIsValid(offer->data))
 	{
 		dsa_free(OfferArea(), offer->data);
-		Offers->bytes -= offer->input_len + offer->baggage_len + offer->key_len;
+		Offers->bytes -= offer->input_len + offer->baggage_len + offer->call_len + offer->key_len;
 		offer->data = InvalidDsaPointer;
 	}
 }
@@ -319,7 +320,9 @@ OfferPublish(const OfferSpec *spec)
 	dsa_area   *area = OfferArea();
 	Size		input_len = VARSIZE(spec->input);
 	Size		baggage_len = spec->baggage ? VARSIZE(spec->baggage) : 0;
+	Size		call_len = spec->call ? VARSIZE(spec->call) : 0;
 	Size		key_len = spec->limit_key ? strlen(spec->limit_key) + 1 : 0;
+	Size		len = input_len + baggage_len + call_len + key_len;
 	Offer	   *offer;
 	OfferQueue *queue;
 	bool		found;
@@ -337,13 +340,12 @@ OfferPublish(const OfferSpec *spec)
 		RemoveOffer(offer, offer->state == OFFER_ANSWERING ? LEASE_ANSWERED : LEASE_EXPIRED);
 	queue = FindQueue(spec->queue, true);
 	if (queue == NULL ||
-		Offers->bytes + input_len + baggage_len + key_len > (Size) dwarf_external_memory * 1024)
+		Offers->bytes + len > (Size) dwarf_external_memory * 1024)
 	{
 		LWLockRelease(Offers->lock);
 		return false;
 	}
-	data = dsa_allocate_extended(area, input_len + baggage_len + key_len,
-								 DSA_ALLOC_NO_OOM | DSA_ALLOC_HUGE);
+	data = dsa_allocate_extended(area, len, DSA_ALLOC_NO_OOM | DSA_ALLOC_HUGE);
 	if (!DsaPointerIsValid(data))
 	{
 		LWLockRelease(Offers->lock);
@@ -368,16 +370,20 @@ OfferPublish(const OfferSpec *spec)
 	offer->data = data;
 	offer->input_len = input_len;
 	offer->baggage_len = baggage_len;
+	offer->call_len = call_len;
 	memcpy(dsa_get_address(area, data), spec->input, input_len);
 	if (baggage_len)
 		memcpy((char *) dsa_get_address(area, data) + input_len, spec->baggage, baggage_len);
+	if (call_len)
+		memcpy((char *) dsa_get_address(area, data) + input_len + baggage_len, spec->call,
+			   call_len);
 	offer->key_len = key_len;
 	if (key_len)
-		memcpy((char *) dsa_get_address(area, data) + input_len + baggage_len,
+		memcpy((char *) dsa_get_address(area, data) + input_len + baggage_len + call_len,
 			   spec->limit_key, key_len);
 	strlcpy(offer->limit, spec->limit ? spec->limit : "", NAMEDATALEN);
 	offer->limit_taken = false;
-	Offers->bytes += input_len + baggage_len + key_len;
+	Offers->bytes += len;
 	offer->lease = 0;
 	offer->xid = InvalidTransactionId;
 	offer->absent = 0;
@@ -555,6 +561,20 @@ OwnerIn(Oid role, Oid *owners, int nowners)
 	return false;
 }
 
+/* Has queue steps ready to claim? */
+bool
+OffersHasReady(const char *queue_name)
+{
+	OfferQueue *queue;
+	bool		ready;
+
+	LWLockAcquire(Offers->lock, LW_SHARED);
+	queue = FindQueue(queue_name, false);
+	ready = queue != NULL && !dlist_is_empty(&queue->ready);
+	LWLockRelease(Offers->lock);
+	return ready;
+}
+
 /*
  * The names of the limits the ready steps of queue take, for a claim to
  * read their settings before it claims (OffersClaim takes them under the
@@ -688,6 +708,7 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 		step->attempt = offer->attempt;
 		memcpy(step->graph, offer->graph, NAMEDATALEN);
 		memcpy(step->task, offer->task, NAMEDATALEN);
+		step->owner = offer->owner;
 		step->lease_until = offer->lease_until;
 		data = dsa_get_address(area, offer->data);
 		step->input = palloc(offer->input_len);
@@ -697,6 +718,12 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 		{
 			step->baggage = palloc(offer->baggage_len);
 			memcpy(step->baggage, data + offer->input_len, offer->baggage_len);
+		}
+		step->call = NULL;
+		if (offer->call_len)
+		{
+			step->call = palloc(offer->call_len);
+			memcpy(step->call, data + offer->input_len + offer->baggage_len, offer->call_len);
 		}
 		claimed = lappend(claimed, step);
 	}
@@ -738,6 +765,24 @@ OffersWait(const char *queue_name, TimestampTz until)
 	if (ms <= 0)
 		return false;
 	return !ConditionVariableTimedSleep(Sleeping, ms, PG_WAIT_EXTENSION);
+}
+
+/*
+ * From now on, an offer on queue sets this process's latch: the HTTP
+ * process (http.c) waits on its latch and its sockets at once, not in
+ * OffersWait.  A broadcast wakes a waiter once, so it is called again
+ * before each claim; the claim after it misses no offer.
+ */
+void
+OffersWatch(const char *queue_name)
+{
+	OfferQueue *queue;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	queue = FindQueue(queue_name, true);
+	LWLockRelease(Offers->lock);
+	if (queue)
+		ConditionVariablePrepareToSleep(&queue->cv);
 }
 
 /* Ends a claim's wait (done, or an error). */

@@ -50,6 +50,7 @@ typedef struct OfferSpec
 	Jsonb	   *baggage;		/* or NULL */
 	const char *limit;			/* the named limit a claim takes, or NULL */
 	const char *limit_key;		/* ... its key, or NULL */
+	Jsonb	   *call;			/* an HTTP task's call (GraphNode.http), or NULL */
 } OfferSpec;
 
 /* A step dwarf.claim took. */
@@ -61,8 +62,10 @@ typedef struct ClaimedStep
 	int32		attempt;
 	char		graph[NAMEDATALEN];
 	char		task[NAMEDATALEN];
+	Oid			owner;			/* the flow's owner */
 	Jsonb	   *input;
 	Jsonb	   *baggage;		/* or NULL */
+	Jsonb	   *call;			/* an HTTP task's call, or NULL */
 	TimestampTz lease_until;
 } ClaimedStep;
 
@@ -143,10 +146,20 @@ extern List *OffersClaim(const char *queue, int max, int64 lease_us, Oid *owners
 						 int nowners, bool any_owner, Oid **seen, int *nseen,
 						 ClaimLimitCheck take_limit, void *arg);
 extern bool OffersWait(const char *queue, TimestampTz until);
+extern void OffersWatch(const char *queue);
 extern void OffersCancelWait(void);
 extern LeaseEnd LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info);
 extern LeaseEnd LeaseLookup(int64 lease, LeaseInfo *info);
 extern List *OffersList(const char *queue);
 extern LeaseEnd LeaseExtend(int64 lease, int64 us, LeaseInfo *info);
+
+/* external.c: what dwarf.complete and fail write, for the HTTP process too */
+extern void WriteAnswer(int64 lease, const char *status, Jsonb *changes, Jsonb *error,
+						bool retryable, const char *function);
+extern text *ClaimedStepKey(ClaimedStep *step);
+extern List *ClaimOffered(const char *queue, int max, int64 lease_us, Oid *owners,
+						  int nowners, bool any_owner, Oid **seen, int *nseen,
+						  TimestampTz *limit_retry_at);
+extern bool OffersHasReady(const char *queue);
 
 #endif							/* DWARF_OFFERS_H */

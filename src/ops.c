@@ -632,8 +632,8 @@ dwarf_worker_stats(PG_FUNCTION_ARGS)
 		Datum		values[10];
 		bool		nulls[10] = {0};
 
-		if (slot->dboid != MyDatabaseId || slot->pid == 0)
-			continue;
+		if (slot->dboid != MyDatabaseId || slot->pid == 0 || slot->index < 0)
+			continue;			/* index < 0: the HTTP process (http.c) */
 		values[0] = ObjectIdGetDatum(slot->dboid);
 		values[1] = Int32GetDatum(slot->index);
 		values[2] = Int32GetDatum(slot->pid);

@@ -140,6 +140,7 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	spec.limit = node->limit;
 	if (node->limit && node->limit_key != (Datum) 0)
 		spec.limit_key = LimitKey(node->limit_key, spec.input);
+	spec.call = node->http;
 	if (token->attempt == 1 && token->first_started == 0)
 		token->first_started = now;
 	if (!OfferPublish(&spec))
@@ -186,7 +187,7 @@ EnqueueRunnable(FlowRun *flow)
 		if (token->queued || token->running || token->parked || token->offered)
 			continue;
 		if (token->due <= now && token->answer == NULL &&
-			flow->graph->nodes[token->node].kind == TASK_EXTERNAL &&
+			flow->graph->nodes[token->node].kind != TASK_FUNCTION &&
 			OfferExternalStep(flow, token))
 			continue;			/* waits for a claim, on no queue */
 		if (token->due <= now && room <= 0)

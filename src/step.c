@@ -719,7 +719,7 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptibl
 	TimestampTz finished;
 	int64		delay_us;
 
-	if (flow->graph->nodes[node].kind == TASK_EXTERNAL)
+	if (flow->graph->nodes[node].kind != TASK_FUNCTION)
 		return token->answer ? RecordAnswer(flow, token, isolated) : OfferStep(flow, token);
 	if (attempt == 1)
 		token->first_started = started;

@@ -228,7 +228,7 @@ TakeAnswerRow(FlowRun *flow, HeapTuple tup, TupleDesc desc)
 	Datum		d;
 
 	if (token == NULL || token->visits != visits || token->attempt != attempt ||
-		flow->graph->nodes[token->node].kind != TASK_EXTERNAL || token->parked ||
+		flow->graph->nodes[token->node].kind == TASK_FUNCTION || token->parked ||
 		token->answer != NULL)
 		return false;
 	old = MemoryContextSwitchTo(flow->cxt);

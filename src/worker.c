@@ -160,7 +160,7 @@ ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit, int at)
 		if (token == NULL || token->queued || token->running || token->parked ||
 			token->offered)
 			continue;
-		if (flow->graph->nodes[token->node].kind == TASK_EXTERNAL && token->answer == NULL)
+		if (flow->graph->nodes[token->node].kind != TASK_FUNCTION && token->answer == NULL)
 			continue;			/* offered after the commit that led to it */
 		if (token->due > 0 && token->due > (now ? now : (now = GetCurrentTimestamp())))
 			continue;

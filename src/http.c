@@ -1,0 +1,927 @@
+/*
+ * http.c
+ *		The HTTP process: the server's own outside worker for HTTP tasks
+ *		({"http": "POST https://host/path"}), and dwarf.http_call.
+ *
+ * An HTTP task's step is offered like an external task's (offers.c), on
+ * DWARF_HTTP_QUEUE, which dwarf.claim refuses.  One process per database
+ * (a background worker the launcher starts while dwarf.http_allow is set)
+ * claims those steps (OffersClaim, no SQL), and drives every call with
+ * libcurl's multi interface: curl_multi_socket_action, with curl's sockets
+ * and this process's latch in one WaitEventSet, so that thousands of calls
+ * in flight cost nothing while they wait, and an offer (which sets the
+ * latch: OffersWatch) is claimed at once.  The set is made again only when
+ * curl's sockets changed since the last wait.
+ *
+ * Between claims and answers no transaction is open: a call in flight holds
+ * no lock, no snapshot and no backend.  The answers of finished calls are
+ * written in batches, many in one transaction (WriteAnswer, external.c, as
+ * dwarf.complete and dwarf.fail write theirs); the flows' workers record
+ * them as the steps.  A step's lease is its task's timeout and a margin, so
+ * a call this process lost (it exited, or the server crashed) becomes a
+ * failed attempt, and after a restart every waiting step is offered and
+ * called again, with the same Idempotency-Key (the step key): a call is
+ * made at least once.
+ *
+ * Before a call: its URL must start with one of dwarf.http_allow's
+ * prefixes, and the flow's owner must have EXECUTE on dwarf.http_call;
+ * otherwise the step fails and no request is made.  Redirects are not
+ * followed; an answer past dwarf.http_max_response aborts its transfer;
+ * TLS certificates and host names are verified (curl's defaults, kept).
+ */
+#include "postgres.h"
+
+#include <curl/curl.h>
+#include <sys/resource.h>
+
+#include "access/xact.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "lib/ilist.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lmgr.h"
+#include "tcop/tcopprot.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/varlena.h"
+
+#include "dwarf.h"
+#include "graph.h"
+#include "http.h"
+#include "json.h"
+#include "offers.h"
+#include "shmem.h"
+
+/* How much of an answer's body an error quotes. */
+#define BODY_QUOTE		200
+
+/* Most answers one transaction writes. */
+#define ANSWER_BATCH	1000
+
+/* One call: claimed, in flight, then done with its answer. */
+typedef struct HttpCall
+{
+	dlist_node	node;			/* on InFlight, then on Done */
+	MemoryContext cxt;			/* everything below */
+	int64		lease;
+	int64		flow_id;
+	char		task[NAMEDATALEN];
+	const char *method;
+	const char *url;
+	int64		timeout_ms;
+	CURL	   *easy;
+	struct curl_slist *headers;
+	char	   *body;			/* the request's, or NULL */
+	StringInfoData response;	/* the answer's body, so far */
+	bool		too_large;		/* past dwarf.http_max_response */
+	int			retry_after;	/* s, from a Retry-After header; -1: none */
+	char		errbuf[CURL_ERROR_SIZE];
+
+	/* the answer */
+	bool		completed;
+	Jsonb	   *changes;		/* completed: or NULL for none */
+	char	   *message;		/* failed: why */
+	bool		retryable;
+	long		status;			/* the HTTP status, 0: none */
+} HttpCall;
+
+/* A socket curl wants watched, and for what (CURL_POLL_*). */
+typedef struct HttpSocket
+{
+	curl_socket_t fd;
+	int			what;
+} HttpSocket;
+
+static CURLM *Multi = NULL;
+static HTAB *Sockets = NULL;
+static bool SocketsChanged = true;
+static WaitEventSet *WaitSet = NULL;
+static TimestampTz LimitDue = 0;	/* when a step left for want of room under
+									 * its limit may have it; 0: none */
+static TimestampTz CurlDue = 0; /* when curl wants its timeout action; 0: never */
+static dlist_head InFlight = DLIST_STATIC_INIT(InFlight);
+static dlist_head Done = DLIST_STATIC_INIT(Done);
+static int	NumInFlight = 0;
+static int	NumDone = 0;
+static MemoryContext CallsContext = NULL;
+static DwarfWorkerSlot *Slot = NULL;
+
+/*
+ * Is url inside dwarf.http_allow, a comma-separated list of URL prefixes?
+ * Empty allows nothing.
+ */
+bool
+HttpAllowed(const char *url)
+{
+	char	   *list;
+	List	   *prefixes;
+	ListCell   *lc;
+	bool		allowed = false;
+
+	if (dwarf_http_allow == NULL || dwarf_http_allow[0] == '\0')
+		return false;
+	list = pstrdup(dwarf_http_allow);
+	if (!SplitGUCList(list, ',', &prefixes))
+		return false;
+	foreach(lc, prefixes)
+	{
+		const char *prefix = lfirst(lc);
+
+		if (prefix[0] != '\0' && strncmp(url, prefix, strlen(prefix)) == 0)
+			allowed = true;
+	}
+	list_free(prefixes);
+	pfree(list);
+	return allowed;
+}
+
+DWARF_FUNCTION(dwarf_http_call);
+
+/*
+ * dwarf.http_call(url): may the HTTP tasks of flows owned by roles with
+ * EXECUTE on this function call url (is it inside dwarf.http_allow)?  The
+ * function's EXECUTE privilege is what the HTTP process checks of a flow's
+ * owner before each call.
+ */
+Datum
+dwarf_http_call(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	PG_RETURN_BOOL(HttpAllowed(text_to_cstring(PG_GETARG_TEXT_PP(0))));
+}
+
+/* curl's socket callback: the sockets to wait on change. */
+static int
+SocketCallback(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+	HttpSocket *entry;
+
+	if (what == CURL_POLL_REMOVE)
+		(void) hash_search(Sockets, &fd, HASH_REMOVE, NULL);
+	else
+	{
+		entry = hash_search(Sockets, &fd, HASH_ENTER, NULL);
+		entry->what = what;
+	}
+	SocketsChanged = true;
+	return 0;
+}
+
+/* curl's timer callback: when to call it for its timeouts. */
+static int
+TimerCallback(CURLM *multi, long timeout_ms, void *userp)
+{
+	CurlDue = timeout_ms < 0 ? 0 : GetCurrentTimestamp() + (int64) timeout_ms * 1000;
+	return 0;
+}
+
+/* An answer's body, kept up to dwarf.http_max_response. */
+static size_t
+WriteCallback(char *data, size_t size, size_t n, void *userp)
+{
+	HttpCall   *call = userp;
+	size_t		len = size * n;
+
+	if ((Size) call->response.len + len > (Size) dwarf_http_max_response * 1024)
+	{
+		call->too_large = true;
+		return 0;				/* aborts the transfer */
+	}
+	appendBinaryStringInfo(&call->response, data, len);
+	return len;
+}
+
+/* An answer's headers: Retry-After is kept (in seconds). */
+static size_t
+HeaderCallback(char *data, size_t size, size_t n, void *userp)
+{
+	HttpCall   *call = userp;
+	size_t		len = size * n;
+	const char *name = "retry-after:";
+
+	if (len > strlen(name) && pg_strncasecmp(data, name, strlen(name)) == 0)
+	{
+		char	   *value = pnstrdup(data + strlen(name), len - strlen(name));
+		char	   *end;
+		long		s = strtol(value, &end, 10);
+
+		if (end != value && s >= 0 && s < 24 * 3600)
+			call->retry_after = (int) s;
+	}
+	return len;
+}
+
+/* A printable start of an answer's body, for an error. */
+static char *
+BodyQuote(HttpCall *call)
+{
+	int			len = Min(call->response.len, BODY_QUOTE);
+	char	   *quote = palloc(len + 4);
+	int			i;
+
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = call->response.data[i];
+
+		quote[i] = (c < 0x20 || c >= 0x7f) ? ' ' : c;
+	}
+	strcpy(quote + len, call->response.len > len ? "..." : "");
+	return quote;
+}
+
+/* The call failed before any request, or without an answer to record. */
+static void
+Refuse(HttpCall *call, bool retryable, const char *fmt,...)
+{
+	va_list		args;
+	char		buf[1024];
+
+	va_start(args, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, args);
+	va_end(args);
+	call->completed = false;
+	call->retryable = retryable;
+	call->message = MemoryContextStrdup(call->cxt, buf);
+}
+
+/*
+ * A 2xx answer's body as the step's changes: none when empty, else a JSON
+ * object.  A body that is not one fails the attempt (not to be retried).
+ */
+static void
+TakeChanges(HttpCall *call)
+{
+	MemoryContext old = MemoryContextSwitchTo(call->cxt);
+	Jsonb	   *changes = NULL;
+	int			i;
+
+	for (i = 0; i < call->response.len; i++)
+		if (!isspace((unsigned char) call->response.data[i]))
+			break;
+	if (i == call->response.len)
+	{
+		call->completed = true;
+		MemoryContextSwitchTo(old);
+		return;
+	}
+	PG_TRY();
+	{
+		changes = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+													 CStringGetDatum(call->response.data)));
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(call->cxt);
+		FlushErrorState();
+		changes = NULL;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(old);
+	if (changes && JsonbIsObject(changes))
+	{
+		call->completed = true;
+		call->changes = changes;
+	}
+	else
+		Refuse(call, false, "HTTP %ld from %s %s: the answer is not a JSON object: %s",
+			   call->status, call->method, call->url, BodyQuote(call));
+}
+
+/* What a finished transfer means for its step. */
+static void
+Conclude(HttpCall *call, CURLcode result)
+{
+	const char *detail = call->errbuf[0] ? call->errbuf : curl_easy_strerror(result);
+	long		code = 0;
+
+	if (result == CURLE_OK)
+	{
+		curl_easy_getinfo(call->easy, CURLINFO_RESPONSE_CODE, &code);
+		call->status = code;
+		if (code >= 200 && code < 300)
+			TakeChanges(call);
+		else if (code >= 300 && code < 400)
+		{
+			char	   *location = NULL;
+
+			curl_easy_getinfo(call->easy, CURLINFO_REDIRECT_URL, &location);
+			Refuse(call, false, "HTTP %ld from %s %s: redirects are not followed (to %s)",
+				   code, call->method, call->url, location ? location : "nowhere given");
+		}
+		else
+			Refuse(call, code == 408 || code == 429 || code >= 500,
+				   "HTTP %ld from %s %s: %s", code, call->method, call->url, BodyQuote(call));
+	}
+	else if (result == CURLE_OPERATION_TIMEDOUT)
+		Refuse(call, true, "%s %s timed out after " INT64_FORMAT " ms",
+			   call->method, call->url, call->timeout_ms);
+	else if (call->too_large || result == CURLE_FILESIZE_EXCEEDED)
+		Refuse(call, false, "the answer of %s %s is larger than dwarf.http_max_response (%d kB)",
+			   call->method, call->url, dwarf_http_max_response);
+	else
+		Refuse(call, !(result == CURLE_PEER_FAILED_VERIFICATION ||
+					   result == CURLE_SSL_CERTPROBLEM ||
+					   result == CURLE_SSL_CACERT_BADFILE ||
+					   result == CURLE_UNSUPPORTED_PROTOCOL ||
+					   result == CURLE_URL_MALFORMAT),
+			   "%s %s failed: %s", call->method, call->url, detail);
+}
+
+/* A call is done: its answer waits to be written. */
+static void
+MoveToDone(HttpCall *call)
+{
+	if (call->easy)
+	{
+		curl_multi_remove_handle(Multi, call->easy);
+		curl_easy_cleanup(call->easy);
+		call->easy = NULL;
+		dlist_delete(&call->node);
+		NumInFlight--;
+	}
+	if (call->headers)
+		curl_slist_free_all(call->headers);
+	call->headers = NULL;
+	dlist_push_tail(&Done, &call->node);
+	NumDone++;
+}
+
+/* Takes the transfers curl has finished. */
+static void
+ReadFinished(void)
+{
+	CURLMsg    *msg;
+	int			left;
+
+	while ((msg = curl_multi_info_read(Multi, &left)) != NULL)
+	{
+		HttpCall   *call;
+
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &call);
+		Conclude(call, msg->data.result);
+		MoveToDone(call);
+	}
+}
+
+/* A string field of a call's object. */
+static const char *
+CallField(Jsonb *call, const char *key)
+{
+	JsonbValue *v = JsonbField(call, key);
+
+	return v && v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
+}
+
+/*
+ * The request's headers: the task's, with values taken from the flow's
+ * baggage where it says so, then dwarf's own.  False (and the call
+ * refused) when a header's baggage key is missing.
+ */
+static bool
+BuildHeaders(HttpCall *call, ClaimedStep *step, const char *key)
+{
+	JsonbValue *headers = JsonbField(step->call, "headers");
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	k,
+				v;
+	struct curl_slist *list = NULL;
+
+	if (headers && headers->type == jbvBinary)
+	{
+		it = JsonbIteratorInit(headers->val.binary.data);
+		while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+		{
+			char	   *name;
+			char	   *value = NULL;
+
+			if (tok != WJB_KEY)
+				continue;
+			name = pnstrdup(k.val.string.val, k.val.string.len);
+			(void) JsonbIteratorNext(&it, &v, true);
+			if (v.type == jbvString)
+				value = pnstrdup(v.val.string.val, v.val.string.len);
+			else if (v.type == jbvBinary)
+			{
+				Jsonb	   *from = JsonbValueToJsonb(&v);
+				JsonbValue *bkey = JsonbField(from, "baggage");
+				char	   *bname = bkey ? pnstrdup(bkey->val.string.val, bkey->val.string.len) : "";
+				JsonbValue *found = step->baggage ? JsonbField(step->baggage, bname) : NULL;
+
+				if (found && found->type == jbvString)
+					value = pnstrdup(found->val.string.val, found->val.string.len);
+				else if (found && (found->type == jbvNumeric || found->type == jbvBool))
+					value = JsonbToCString(NULL, &JsonbValueToJsonb(found)->root, 0);
+				if (value == NULL || strpbrk(value, "\r\n") != NULL)
+				{
+					curl_slist_free_all(list);
+					Refuse(call, false, "header \"%s\" of HTTP task \"%s\" takes the baggage's \"%s\", which flow " INT64_FORMAT " %s",
+						   name, call->task, bname, call->flow_id,
+						   value ? "has with a line break" : "has not (as a string)");
+					return false;
+				}
+			}
+			if (value)
+				list = curl_slist_append(list, psprintf("%s: %s", name, value));
+		}
+	}
+	list = curl_slist_append(list, psprintf("Idempotency-Key: %s", key));
+	list = curl_slist_append(list, psprintf("Dwarf-Flow: " INT64_FORMAT, step->key.flow_id));
+	list = curl_slist_append(list, psprintf("Dwarf-Task: %s", step->task));
+	list = curl_slist_append(list, psprintf("Dwarf-Attempt: %d", step->attempt));
+	list = curl_slist_append(list, "Content-Type: application/json");
+	list = curl_slist_append(list, "Accept: application/json");
+	list = curl_slist_append(list, "Expect:");	/* no 100-continue round trip */
+	call->headers = list;
+	return true;
+}
+
+/* Starts a call's transfer. */
+static void
+StartTransfer(HttpCall *call)
+{
+	CURL	   *easy = curl_easy_init();
+
+	if (easy == NULL)
+	{
+		Refuse(call, true, "%s %s failed: curl could not start a transfer", call->method, call->url);
+		dlist_push_tail(&Done, &call->node);
+		NumDone++;
+		return;
+	}
+	call->easy = easy;
+	curl_easy_setopt(easy, CURLOPT_URL, call->url);
+	curl_easy_setopt(easy, CURLOPT_PRIVATE, call);
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) call->timeout_ms);
+	curl_easy_setopt(easy, CURLOPT_MAXFILESIZE_LARGE,
+					 (curl_off_t) dwarf_http_max_response * 1024);
+	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, call->headers);
+	curl_easy_setopt(easy, CURLOPT_USERAGENT, "dwarf");
+	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, call->errbuf);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, WriteCallback);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, call);
+	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, HeaderCallback);
+	curl_easy_setopt(easy, CURLOPT_HEADERDATA, call);
+	if (strcmp(call->method, "GET") == 0)
+		curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+	else
+	{
+		if (strcmp(call->method, "POST") != 0)
+			curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, call->method);
+		if (call->body)
+		{
+			curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(call->body));
+			curl_easy_setopt(easy, CURLOPT_POSTFIELDS, call->body);
+		}
+	}
+	dlist_push_tail(&InFlight, &call->node);
+	NumInFlight++;
+	if (curl_multi_add_handle(Multi, easy) != CURLM_OK)
+	{
+		Refuse(call, true, "%s %s failed: curl could not start a transfer", call->method, call->url);
+		MoveToDone(call);
+	}
+}
+
+/* The oid of dwarf.http_call(text), in a transaction; InvalidOid if none. */
+static Oid
+HttpCallFunction(void)
+{
+	Oid			argtypes[1] = {TEXTOID};
+
+	return LookupFuncName(list_make2(makeString("dwarf"), makeString("http_call")),
+						  1, argtypes, true);
+}
+
+/*
+ * Claims up to room offered HTTP steps and starts their calls.  A short
+ * transaction reads what the calls need of the catalogs (the owners'
+ * EXECUTE on dwarf.http_call, the step keys); it ends before any call
+ * starts.  A step that may not be called is answered as failed.
+ */
+static void
+ClaimAndStart(int room)
+{
+	Oid		   *seen;
+	int			nseen;
+	List	   *claimed;
+	List	   *ready = NIL;
+	ListCell   *lc;
+	Oid			fn;
+
+	if (!OffersHasReady(DWARF_HTTP_QUEUE))
+		return;
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	claimed = ClaimOffered(DWARF_HTTP_QUEUE, room, 0, NULL, 0, true, &seen, &nseen, &LimitDue);
+	if (claimed == NIL)
+	{
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		return;
+	}
+	fn = HttpCallFunction();
+	foreach(lc, claimed)
+	{
+		ClaimedStep *step = lfirst(lc);
+		MemoryContext cxt = AllocSetContextCreate(CallsContext, "dwarf http call",
+												  ALLOCSET_SMALL_SIZES);
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+		HttpCall   *call = palloc0(sizeof(HttpCall));
+		char	   *key;
+
+		call->cxt = cxt;
+		call->lease = step->lease;
+		call->flow_id = step->key.flow_id;
+		strlcpy(call->task, step->task, NAMEDATALEN);
+		call->retry_after = -1;
+		call->method = CallField(step->call, "method");
+		call->url = CallField(step->call, "url");
+		call->timeout_ms = DatumGetInt64(DirectFunctionCall1(numeric_int8,
+															 NumericGetDatum(JsonbField(step->call, "timeout_ms")->val.numeric)));
+		initStringInfo(&call->response);
+		key = text_to_cstring(ClaimedStepKey(step));
+		if (!HttpAllowed(call->url))
+			Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
+				   call->url, call->task);
+		else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
+			Refuse(call, false, "the owner of flow " INT64_FORMAT " (%s) may not make HTTP calls: it needs EXECUTE on dwarf.http_call(text)",
+				   call->flow_id, GetUserNameFromId(step->owner, true) ?
+				   GetUserNameFromId(step->owner, true) : "a dropped role");
+		else if (BuildHeaders(call, step, key))
+		{
+			if (strcmp(call->method, "GET") != 0 && strcmp(call->method, "DELETE") != 0)
+				call->body = JsonbToCString(NULL, &step->input->root, VARSIZE(step->input));
+			ready = lappend(ready, call);
+			MemoryContextSwitchTo(old);
+			continue;
+		}
+		MemoryContextSwitchTo(old);
+		dlist_push_tail(&Done, &call->node);
+		NumDone++;
+	}
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	foreach(lc, ready)
+		StartTransfer(lfirst(lc));
+}
+
+/* A failed call's error, as dwarf.fail writes one (its worker names the task). */
+static Jsonb *
+CallError(HttpCall *call)
+{
+	const char *keys[5] = {"message", "retryable", "task", "status", "retry_after"};
+	JsonbValue	values[5];
+	int			n = 3;
+
+	values[0].type = jbvString;
+	values[0].val.string.val = call->message;
+	values[0].val.string.len = strlen(call->message);
+	values[1].type = jbvBool;
+	values[1].val.boolean = call->retryable;
+	values[2].type = jbvNull;
+	if (call->status)
+	{
+		values[n].type = jbvNumeric;
+		values[n++].val.numeric = int64_to_numeric(call->status);
+	}
+	if (call->retry_after >= 0)
+	{
+		keys[n] = "retry_after";
+		values[n].type = jbvNumeric;
+		values[n++].val.numeric = int64_to_numeric(call->retry_after);
+	}
+	return JsonbWithKeys(JsonbEmptyObject(), n, keys, values);
+}
+
+/* Writes one call's answer, in the current transaction, if its lease holds. */
+static void
+WriteCallAnswer(HttpCall *call)
+{
+	LeaseInfo	info;
+
+	if (LeaseLookup(call->lease, &info) != LEASE_HELD)
+		return;					/* the flow closed, was cancelled, or the lease ran out */
+	if (call->completed)
+		WriteAnswer(call->lease, "completed", call->changes, NULL, true, "an HTTP call");
+	else
+		WriteAnswer(call->lease, "failed", NULL, CallError(call), call->retryable, "an HTTP call");
+}
+
+/* Forgets a call whose answer is written (or given up). */
+static void
+FreeCall(HttpCall *call)
+{
+	dlist_delete(&call->node);
+	NumDone--;
+	MemoryContextDelete(call->cxt);
+}
+
+/* Writes one call's answer in a transaction of its own; logs an error. */
+static void
+WriteAnswerAlone(HttpCall *call)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		WriteCallAnswer(call);
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		EmitErrorReport();
+		FlushErrorState();
+		AbortCurrentTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+}
+
+/*
+ * Writes the answers of finished calls, up to ANSWER_BATCH in one
+ * transaction.  If that transaction fails, each is written in one of its
+ * own, and one that fails alone is given up: its lease runs out, and the
+ * task's retry policy decides.
+ */
+static void
+WriteAnswers(void)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	dlist_mutable_iter iter;
+	dlist_iter	it;
+	volatile bool failed = false;
+	int			n = 0;
+
+	if (dlist_is_empty(&Done))
+		return;
+	PG_TRY();
+	{
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		dlist_foreach(it, &Done)
+		{
+			if (n++ >= ANSWER_BATCH)
+				break;
+			WriteCallAnswer(dlist_container(HttpCall, node, it.cur));
+		}
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		EmitErrorReport();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		failed = true;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	n = 0;
+	dlist_foreach_modify(iter, &Done)
+	{
+		HttpCall   *call = dlist_container(HttpCall, node, iter.cur);
+
+		if (n++ >= ANSWER_BATCH)
+			break;
+		if (failed)
+			WriteAnswerAlone(call);
+		FreeCall(call);
+	}
+}
+
+/* Makes the wait set again from curl's sockets, the latch and the postmaster. */
+static void
+BuildWaitSet(void)
+{
+	HASH_SEQ_STATUS seq;
+	HttpSocket *sock;
+
+	if (WaitSet)
+		FreeWaitEventSet(WaitSet);
+	WaitSet = CreateWaitEventSet(TopMemoryContext, hash_get_num_entries(Sockets) + 2);
+	AddWaitEventToSet(WaitSet, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(WaitSet, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	hash_seq_init(&seq, Sockets);
+	while ((sock = hash_seq_search(&seq)) != NULL)
+	{
+		uint32		events = 0;
+
+		if (sock->what == CURL_POLL_IN || sock->what == CURL_POLL_INOUT)
+			events |= WL_SOCKET_READABLE;
+		if (sock->what == CURL_POLL_OUT || sock->what == CURL_POLL_INOUT)
+			events |= WL_SOCKET_WRITEABLE;
+		if (events)
+			AddWaitEventToSet(WaitSet, events, sock->fd, NULL, NULL);
+	}
+	SocketsChanged = false;
+}
+
+/*
+ * Waits for the latch (an offer, a signal), curl's sockets, or curl's next
+ * timeout; then lets curl act on what happened.
+ */
+static void
+WaitAndAct(void)
+{
+	WaitEvent  *events;
+	int			nevents = hash_get_num_entries(Sockets) + 2;
+	long		timeout = -1;
+	int			running;
+	int			n,
+				i;
+
+	if (CurlDue > 0 || LimitDue > 0)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		TimestampTz due = CurlDue > 0 && (LimitDue == 0 || CurlDue < LimitDue) ? CurlDue : LimitDue;
+
+		timeout = due <= now ? 0 : TimestampDifferenceMilliseconds(now, due) + 1;
+		if (LimitDue > 0 && LimitDue <= now)
+			LimitDue = 0;		/* the claim that follows looks again */
+	}
+	if (timeout != 0)
+	{
+		if (SocketsChanged || WaitSet == NULL)
+			BuildWaitSet();
+		events = palloc(sizeof(WaitEvent) * nevents);
+		n = WaitEventSetWait(WaitSet, timeout, events, nevents, PG_WAIT_EXTENSION);
+		for (i = 0; i < n; i++)
+		{
+			int			flags = 0;
+
+			if (events[i].events & WL_LATCH_SET)
+			{
+				ResetLatch(MyLatch);
+				continue;
+			}
+			if (events[i].events & WL_SOCKET_READABLE)
+				flags |= CURL_CSELECT_IN;
+			if (events[i].events & WL_SOCKET_WRITEABLE)
+				flags |= CURL_CSELECT_OUT;
+			if (flags)
+				curl_multi_socket_action(Multi, events[i].fd, flags, &running);
+		}
+		pfree(events);
+	}
+	if (CurlDue > 0 && CurlDue <= GetCurrentTimestamp())
+	{
+		CurlDue = 0;
+		curl_multi_socket_action(Multi, CURL_SOCKET_TIMEOUT, 0, &running);
+	}
+	ReadFinished();
+}
+
+/* Exits when dwarf is not installed in this database (or was dropped). */
+static void
+ExitIfNoExtension(void)
+{
+	Oid			extension;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	extension = get_extension_oid("dwarf", true);
+	if (OidIsValid(extension))
+	{
+		LockDatabaseObject(ExtensionRelationId, extension, 0, AccessShareLock);
+		extension = get_extension_oid("dwarf", true);
+	}
+	CommitTransactionCommand();
+	if (!OidIsValid(extension))
+	{
+		Slot->no_extension = true;
+		proc_exit(0);
+	}
+}
+
+/* Sets up libcurl's multi handle, and room for thousands of sockets. */
+static void
+HttpInit(void)
+{
+	struct rlimit limit;
+	HASHCTL		ctl;
+
+	/* as many sockets as the process may have */
+	if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max)
+	{
+		limit.rlim_cur = limit.rlim_max;
+		(void) setrlimit(RLIMIT_NOFILE, &limit);
+	}
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+		ereport(FATAL,
+				(errmsg("dwarf: could not initialize libcurl")));
+	Multi = curl_multi_init();
+	if (Multi == NULL)
+		ereport(FATAL,
+				(errmsg("dwarf: could not initialize libcurl")));
+	curl_multi_setopt(Multi, CURLMOPT_SOCKETFUNCTION, SocketCallback);
+	curl_multi_setopt(Multi, CURLMOPT_TIMERFUNCTION, TimerCallback);
+	curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long) dwarf_http_max_host_connections);
+	curl_multi_setopt(Multi, CURLMOPT_MAXCONNECTS, (long) Min(dwarf_http_max_in_flight, 10000));
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(curl_socket_t);
+	ctl.entrysize = sizeof(HttpSocket);
+	Sockets = hash_create("dwarf http sockets", 1024, &ctl, HASH_ELEM | HASH_BLOBS);
+	CallsContext = AllocSetContextCreate(TopMemoryContext, "dwarf http calls",
+										 ALLOCSET_DEFAULT_SIZES);
+}
+
+/*
+ * Entry point of the HTTP process of a database.  bgw_main_arg is its
+ * worker slot (index DWARF_HTTP_INDEX), which the launcher filled.  It
+ * exits once dwarf.http_allow is empty and no call is in flight.
+ */
+void
+DwarfHttpMain(Datum arg)
+{
+	sigjmp_buf	local_sigjmp_buf;
+	MemoryContext loop_cxt;
+
+	Slot = &Dwarf->workers[DatumGetInt32(arg)];
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnectionByOid(Slot->dboid, InvalidOid, 0);
+	pgstat_report_appname("dwarf http");
+	ExitIfNoExtension();
+	SpinLockAcquire(&Slot->mutex);
+	Slot->pid = MyProcPid;
+	SpinLockRelease(&Slot->mutex);
+	HttpInit();
+	loop_cxt = AllocSetContextCreate(TopMemoryContext, "dwarf http loop", ALLOCSET_DEFAULT_SIZES);
+	ereport(LOG, (errmsg("dwarf http process started")));
+
+	/* An error outside a batch of answers: what it was doing is lost. */
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
+	{
+		HOLD_INTERRUPTS();
+		EmitErrorReport();
+		AbortCurrentTransaction();
+		FlushErrorState();
+		MemoryContextSwitchTo(TopMemoryContext);
+		RESUME_INTERRUPTS();
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000,
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	PG_exception_stack = &local_sigjmp_buf;
+
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+			curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+							  (long) dwarf_http_max_host_connections);
+		}
+		MemoryContextSwitchTo(loop_cxt);
+		WriteAnswers();
+		MemoryContextSwitchTo(loop_cxt);
+		if (dwarf_http_allow[0] == '\0' && NumInFlight == 0 && NumDone == 0)
+		{
+			ereport(LOG, (errmsg("dwarf http process exits: dwarf.http_allow is empty")));
+			proc_exit(0);
+		}
+
+		/* claims after the watch starts: no offer goes unseen */
+		OffersWatch(DWARF_HTTP_QUEUE);
+		if (NumInFlight + NumDone < dwarf_http_max_in_flight)
+			ClaimAndStart(dwarf_http_max_in_flight - NumInFlight - NumDone);
+		MemoryContextSwitchTo(loop_cxt);
+		if (NumDone == 0)
+			WaitAndAct();
+		MemoryContextSwitchTo(TopMemoryContext);
+		MemoryContextReset(loop_cxt);
+	}
+}
