@@ -636,6 +636,14 @@ RecordAnswer(FlowRun *flow, Token *token, bool isolated)
 		if ((answer->kind == ANSWER_EXPIRED || answer->retryable) &&
 			RetryAgain(&node->retry, attempt, first, answer->finished, 0, &delay_us))
 		{
+			JsonbValue *retry_after = answer->error ? JsonbField(answer->error, "retry_after") : NULL;
+
+			/* a service that said when to come back (429, 503) is not asked sooner */
+			if (retry_after && retry_after->type == jbvNumeric)
+				delay_us = Max(delay_us,
+							   (int64) (DatumGetFloat8(DirectFunctionCall1(numeric_float8,
+																		   NumericGetDatum(retry_after->val.numeric))) *
+										USECS_PER_SEC));
 			outcome.kind = OUTCOME_RETRY;
 			outcome.changes = JsonbEmptyObject();
 			outcome.wake_at = answer->finished + delay_us;

@@ -160,6 +160,13 @@ is_deeply($keys, [ "$id-0-0-call", "$id-0-0-call" ], 'both requests have the sam
 like($node->safe_psql('postgres', qq{SELECT error->>'message' FROM dwarf.step WHERE flow_id = $id AND status = 'retry'}),
 	qr/HTTP 503 .*busy, try again/, "the retry row's error names the status and the body");
 
+# A Retry-After longer than the policy's backoff is the backoff.
+define('alice', 'patient', qq{{"http": "POST $base/fail/1/2", "retry": {"attempts": 3, "initial": "10 ms"}}});
+$id = new_flow('alice', 'patient', '{}');
+like(outcome($id), qr/^completed\|\{"attempts": 2\}/, 'a 503 with Retry-After: 2 is retried and succeeds');
+is($node->safe_psql('postgres', qq{SELECT wake_at - finished_at >= interval '2 s' FROM dwarf.step
+	WHERE flow_id = $id AND status = 'retry'}), 't', 'the retry waits as long as Retry-After says');
+
 # ------------------------------------------------------------------ 3. failures
 define('alice', 'missing', qq{{"http": "POST $base/status/404", "retry": {"attempts": 3, "initial": "10 ms"}}});
 $id = new_flow('alice', 'missing', '{}');

@@ -11,7 +11,7 @@ What a path answers (the request's body is read and kept):
   /empty           200 with no body
   /array           200 [1, 2]
   /delay/MS        200 {"slept": MS} after MS milliseconds
-  /fail/N          503 for the first N requests of each Idempotency-Key, then
+  /fail/N[/S]      503 (Retry-After: S, default 0) for the first N requests of each Idempotency-Key, then
                    200 {"attempts": n} (with Retry-After: 0)
   /status/CODE     CODE with the body "status CODE here"
   /big/MB          200 with a body of MB megabytes
@@ -102,7 +102,8 @@ async def route(writer, method, path, headers, body):
             key = (path, headers.get("idempotency-key"))
             fails[key] = fails.get(key, 0) + 1
             if fails[key] <= int(parts[1]):
-                await answer(writer, 503, b"busy, try again", {"Retry-After": "0"})
+                after = parts[2] if len(parts) > 2 else "0"
+                await answer(writer, 503, b"busy, try again", {"Retry-After": after})
             else:
                 await answer(writer, 200, json.dumps({"attempts": fails[key]}).encode())
         elif parts[0] == "status":
