@@ -891,7 +891,23 @@ ShrinkFlowTable(void)
 						HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	hash_seq_init(&seq, Worker.flows);
 	while ((flow = hash_seq_search(&seq)) != NULL)
-		memcpy(hash_search(flows, &flow->id, HASH_ENTER, NULL), flow, sizeof(FlowRun));
+	{
+		FlowRun    *moved = hash_search(flows, &flow->id, HASH_ENTER, NULL);
+
+		memcpy(moved, flow, sizeof(FlowRun));
+
+		/*
+		 * The list of its tokens is circular through its head, which has
+		 * moved: its first and last tokens point at the old one.
+		 */
+		if (dlist_is_empty(&flow->tokens))
+			dlist_init(&moved->tokens);
+		else
+		{
+			moved->tokens.head.next->prev = &moved->tokens.head;
+			moved->tokens.head.prev->next = &moved->tokens.head;
+		}
+	}
 	hash_destroy(Worker.flows);
 	Worker.flows = flows;
 	FlowsPeak = count;
