@@ -69,7 +69,7 @@ typedef struct Lease
 
 typedef enum ConnState
 {
-	C_IDLE, C_CLAIM, C_COMPLETE, C_REF
+	C_IDLE, C_CLAIM, C_COMPLETE, C_FUSED, C_REF
 } ConnState;
 
 /* A worker connection and the leases it holds. */
@@ -85,6 +85,7 @@ typedef struct Conn
 	bool		failed;			/* the query in flight reported an error */
 	char		errmsg[512];
 	int			ref_row;		/* reference: the row this connection updates */
+	long long	fused;			/* steps the fused claim + complete did */
 } Conn;
 
 static struct
@@ -109,6 +110,7 @@ static struct
 	double		ref_secs;
 	double		handoff_ms;
 	bool		reference;
+	bool		fused;			/* claim and complete in one statement */
 	const char *label;
 } opt = {
 	.steps = -1, .rate = -1, .inflight = 10000, .conns = 4, .claim_max = 100,
@@ -134,7 +136,8 @@ static atomic_llong steps_done,
 			errors,
 			created_total,
 			ref_xacts;
-static atomic_llong held_now;
+static atomic_llong held_now,
+			held_max;
 static atomic_int shown;
 
 static double
@@ -669,9 +672,10 @@ conn_next(Conn *c, double now)
 
 		snprintf(p1, sizeof p1, "%d", opt.claim_max);
 		snprintf(p2, sizeof p2, "%.3f", wait);
-		send_or_fail(c, PQsendQueryPrepared(c->pg, "claim", 3, params, NULL, NULL, 0), "claim");
+		send_or_fail(c, PQsendQueryPrepared(c->pg, opt.fused ? "fused" : "claim", 3, params, NULL, NULL, 0),
+					 "claim");
 		atomic_fetch_add(&claims, 1);
-		c->state = C_CLAIM;
+		c->state = opt.fused ? C_FUSED : C_CLAIM;
 	}
 	return 0;
 }
@@ -699,8 +703,14 @@ claim_rows(Conn *c, PGresult *res)
 			atomic_fetch_add(&redelivered, 1);
 		heap_push(c, l);
 	}
-	atomic_fetch_add(&claimed, PQntuples(res));
-	atomic_fetch_add(&held_now, PQntuples(res));
+	{
+		long long	held = atomic_fetch_add(&held_now, PQntuples(res)) + PQntuples(res);
+		long long	max = atomic_load(&held_max);
+
+		atomic_fetch_add(&claimed, PQntuples(res));
+		while (held > max && !atomic_compare_exchange_weak(&held_max, &max, held))
+			;
+	}
 }
 
 /* A worker's query ended (its last result read): account for it. */
@@ -725,6 +735,19 @@ conn_done(Conn *c)
 	}
 	else if (c->state == C_CLAIM && c->failed)
 		error("claim: %s", c->errmsg);
+	else if (c->state == C_FUSED)
+	{
+		if (c->failed)
+			error("claim + complete: %s", c->errmsg);
+		else if (c->fused > 0)
+		{
+			/* shape d's one-step flows only: a step is a flow */
+			atomic_fetch_add(&steps_done, c->fused);
+			atomic_fetch_add(&flows_done, c->fused);
+			atomic_fetch_add(&claimed, c->fused);
+			atomic_fetch_add(&completes, 1);
+		}
+	}
 	else if (c->state == C_REF)
 	{
 		if (c->failed)
@@ -754,6 +777,8 @@ conn_read(Conn *c)
 		st = PQresultStatus(res);
 		if (st == PGRES_TUPLES_OK && c->state == C_CLAIM)
 			claim_rows(c, res);
+		else if (st == PGRES_TUPLES_OK && c->state == C_FUSED)
+			c->fused = atoll(PQgetvalue(res, 0, 0));
 		else if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)
 		{
 			c->failed = true;
@@ -782,6 +807,8 @@ conns_open(bool workers)
 					"make_interval(secs => $3::float8))");
 			prepare(c->pg, "complete", "SELECT count(dwarf.complete(l)) FROM unnest($1::bigint[]) l");
 			prepare(c->pg, "complete1", "SELECT dwarf.complete($1::bigint)");
+			prepare(c->pg, "fused", "SELECT count(dwarf.complete(c.lease)) FROM dwarf.claim($1, $2::int, NULL, "
+					"make_interval(secs => $3::float8)) c");
 		}
 		else
 			prepare(c->pg, "ref", "UPDATE dwarf_bench.ext_ref SET v = v + 1 WHERE id = $1::int");
@@ -924,6 +951,7 @@ reset_counters(void)
 	atomic_store(&completes, 0);
 	atomic_store(&created_total, 0);
 	atomic_store(&held_now, 0);
+	atomic_store(&held_max, 0);
 	atomic_store(&stop_claiming, false);
 	atomic_store(&stop_creating, false);
 }
@@ -986,7 +1014,9 @@ run_flows(bool closed)
 	long long	id0,
 				steps0;
 	Cpu			c0,
-				c1;
+				c1,
+				r0,
+				r1;
 	Counters	k0,
 				k1;
 	int			procs_max = 0;
@@ -1005,6 +1035,7 @@ run_flows(bool closed)
 	id0 = (long long) mon_num("SELECT coalesce(max(id), 0) FROM dwarf.flow");
 	reset_counters();
 	conns_open(true);
+	r0 = server_cpu();
 	t0 = now_s();
 	if (pthread_create(&loop, NULL, loop_main, NULL) ||
 		pthread_create(&creator, NULL, creator_main, closed ? (void *) 1 : NULL))
@@ -1046,6 +1077,7 @@ run_flows(bool closed)
 	}
 	atomic_store(&stop_claiming, true);
 	pthread_join(loop, NULL);
+	r1 = server_cpu();
 	progress(t0, "end");
 	conns_close();
 
@@ -1057,6 +1089,9 @@ run_flows(bool closed)
 		   c1.client - c0.client, (c1.client - c0.client) / (tw1 - tw0), c1.nclient, procs_max,
 		   (k1.commits - k0.commits) / (tw1 - tw0), (k1.wal_syncs - k0.wal_syncs) / (tw1 - tw0),
 		   steps0 / (tw1 - tw0), opt.conns + 2, opt.conns);
+	printf("whole run %.1f s: server CPU %.2f s (%.2f cores), dwarf processes %.2f s (%.2f cores); leases held at once: at most %lld\n",
+		   now_s() - t0, r1.total - r0.total, (r1.total - r0.total) / (now_s() - t0),
+		   r1.dwarf - r0.dwarf, (r1.dwarf - r0.dwarf) / (now_s() - t0), atomic_load(&held_max));
 	printf("creator: at most %.2f s behind schedule; claims %lld (%.1f steps each), complete transactions %lld (%.1f steps each), re-delivered steps %lld\n",
 		   creator_lag_max, atomic_load(&claims),
 		   atomic_load(&claims) ? (double) atomic_load(&claimed) / atomic_load(&claims) : 0,
@@ -1094,7 +1129,7 @@ run_flows(bool closed)
 		printf("RESULT shape=%c label=%s graph=%s steps=%d hold_ms=%g %s=%g offered_fs=%.1f delivered_fs=%.1f "
 			   "delivered_ratio=%.3f flows=%s completed=%s running=%s failed=%s p50_ms=%.1f p99_ms=%.1f max_ms=%.1f "
 			   "handoff_ms=%.2f%s cpu_cores=%.2f dwarf_cores=%.2f client_cores=%.2f dwarf_procs=%d "
-			   "driver_conns=%d worker_conns=%d server_procs_max=%d redelivered=%lld errors=%lld creator_lag_s=%.2f\n",
+			   "driver_conns=%d worker_conns=%d server_procs_max=%d held_max=%lld redelivered=%lld errors=%lld creator_lag_s=%.2f\n",
 			   opt.shape, *opt.label ? opt.label : "-", kd->graph, kd->steps, kd->hold_ms,
 			   closed ? "inflight" : "rate", closed ? opt.inflight : kd->rate, offered, delivered,
 			   delivered / offered, PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3),
@@ -1103,7 +1138,7 @@ run_flows(bool closed)
 			   (atof(PQgetvalue(res, i, 6)) - kd->steps * kd->hold_ms) / kd->steps, pred,
 			   (c1.total - c0.total) / (tw1 - tw0), (c1.dwarf - c0.dwarf) / (tw1 - tw0),
 			   (c1.client - c0.client) / (tw1 - tw0), c1.ndwarf, opt.conns + 2, opt.conns, procs_max,
-			   atomic_load(&redelivered), atomic_load(&errors), creator_lag_max);
+			   atomic_load(&held_max), atomic_load(&redelivered), atomic_load(&errors), creator_lag_max);
 	}
 	PQclear(res);
 	cancel_leftovers(id0);
@@ -1187,6 +1222,7 @@ typedef struct Drain
 				wal_bytes,
 				cpu_s;
 	long long	steps,
+				xacts,
 				claims,
 				completes,
 				redelivered,
@@ -1201,7 +1237,7 @@ typedef struct Drain
  * CPU meanwhile.
  */
 static Drain
-run_drain(const char *mode, Kind *kd, int flows, int claim_max, int complete_max)
+run_drain(const char *mode, Kind *kd, int flows, int claim_max, int complete_max, bool fused)
 {
 	pthread_t	loop;
 	char		n[16],
@@ -1222,6 +1258,7 @@ run_drain(const char *mode, Kind *kd, int flows, int claim_max, int complete_max
 
 	opt.claim_max = claim_max;
 	opt.complete_max = complete_max;
+	opt.fused = fused;
 	id0 = (long long) mon_num("SELECT coalesce(max(id), 0) FROM dwarf.flow");
 	for (int left = flows; left > 0; left -= 5000)
 	{
@@ -1259,6 +1296,8 @@ run_drain(const char *mode, Kind *kd, int flows, int claim_max, int complete_max
 	d.steps = atomic_load(&steps_done);
 	d.claims = atomic_load(&claims);
 	d.completes = atomic_load(&completes);
+	/* the driver's own transactions: its claims, and its completes unless fused with them */
+	d.xacts = d.claims + (fused ? 0 : d.completes);
 	d.redelivered = atomic_load(&redelivered);
 	d.errors = atomic_load(&errors) - errors0;
 	d.commits = k1.commits - k0.commits;
@@ -1280,12 +1319,12 @@ drain_report(const Drain *d, double ref_tps)
 
 	printf("RESULT shape=d label=%s mode=%s graph=%s steps=%d flows=%d completed=%.0f conns=%d claim_max=%d "
 		   "complete_max=%d steps_done=%lld secs=%.2f steps_s=%.0f ref_tps=%.0f ratio=%.2f claims=%lld "
-		   "complete_xacts=%lld commits_per_step=%.3f claims_per_step=%.3f other_commits_per_step=%.3f "
+		   "complete_xacts=%lld commits_per_step=%.3f driver_xacts_per_step=%.3f others_commits_per_step=%.3f "
 		   "wal_flushes_per_step=%.3f wal_bytes_per_step=%.0f cpu_us_per_step=%.1f redelivered=%lld errors=%lld\n",
 		   *opt.label ? opt.label : "-", d->mode, d->kind->graph, d->kind->steps, d->flows, d->completed,
 		   opt.conns, d->claim_max, d->complete_max, d->steps, d->secs, sps, ref_tps,
-		   ref_tps > 0 ? sps / ref_tps : NAN, d->claims, d->completes, d->commits / st, d->claims / st,
-		   (d->commits - d->claims) / st, d->wal_syncs / st, d->wal_bytes / st, d->cpu_s * 1e6 / st,
+		   ref_tps > 0 ? sps / ref_tps : NAN, d->claims, d->completes, d->commits / st, d->xacts / st,
+		   (d->commits - d->xacts) / st, d->wal_syncs / st, d->wal_bytes / st, d->cpu_s * 1e6 / st,
 		   d->redelivered, d->errors);
 }
 
@@ -1473,18 +1512,20 @@ main(int argc, char **argv)
 			break;
 		case 'd':
 			{
-				Drain		d[3];
+				Drain		d[5];
 				int			bmax = opt.claim_max,
 							cmax = opt.complete_max;
 
 				if (opt.reference)
 					printf("reference before: %.0f tps\n", ref1 = run_reference());
-				d[0] = run_drain("batched", &kinds[0], opt.flows, bmax, cmax);
-				d[1] = run_drain("batched", &kinds[1], opt.flows / 4, bmax, cmax);
-				d[2] = run_drain("unbatched", &kinds[0], opt.unbatched_flows, 1, 1);
+				d[0] = run_drain("batched", &kinds[0], opt.flows, bmax, cmax, false);
+				d[1] = run_drain("batched", &kinds[1], opt.flows / 4, bmax, cmax, false);
+				d[2] = run_drain("fused", &kinds[0], opt.flows, bmax, bmax, true);
+				d[3] = run_drain("unbatched", &kinds[0], opt.unbatched_flows, 1, 1, false);
+				d[4] = run_drain("fused-1", &kinds[0], opt.unbatched_flows, 1, 1, true);
 				if (opt.reference)
 					printf("reference after: %.0f tps\n", ref2 = run_reference());
-				for (int i = 0; i < 3; i++)
+				for (int i = 0; i < 5; i++)
 					drain_report(&d[i], opt.reference ? (ref1 + ref2) / 2 : 0);
 			}
 			break;
