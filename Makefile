@@ -28,7 +28,9 @@ OBJS = \
 	src/flows.o \
 	src/json.o \
 	src/archive.o \
-	src/restore.o
+	src/restore.o \
+	src/offers.o \
+	src/external.o
 
 # Two extensions: dwarf on each shard (or single server), dwarf_router on a
 # router database that sends calls to the shards with PL/Proxy (pure SQL).

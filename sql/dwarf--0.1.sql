@@ -396,6 +396,69 @@ CREATE FUNCTION dwarf.resume(flow_id bigint, data jsonb DEFAULT 'null')
 COMMENT ON FUNCTION dwarf.resume(bigint, jsonb) IS
 	'Resumes an interrupted flow: the interrupted task runs again and its dwarf.interrupt call returns data';
 
+/*
+ * External tasks ({"external": "queue"} in a graph's tasks): a worker
+ * outside the server claims a waiting step, does the work, and completes
+ * (or fails) it in its own transaction.  Claims and leases live in shared
+ * memory; the answer is a row of dwarf.answer, written with the outside
+ * worker's own writes, that the flow's worker records as the step's row
+ * (and deletes) once it is committed.
+ */
+CREATE TABLE dwarf.answer (
+	flow_id		bigint NOT NULL,
+	token		int NOT NULL,
+	visits		int NOT NULL,
+	attempt		int NOT NULL,
+	status		text NOT NULL CHECK (status IN ('completed', 'failed')),
+	changes		jsonb,
+	error		jsonb,
+	retryable	boolean NOT NULL,
+	started_at	timestamptz NOT NULL,
+	finished_at timestamptz NOT NULL,
+	PRIMARY KEY (flow_id, token, visits, attempt)
+);
+COMMENT ON TABLE dwarf.answer IS
+	'Answers of outside workers to steps of external tasks (dwarf.complete, dwarf.fail), '
+	'until the flow''s worker records each as the step''s row';
+REVOKE ALL ON dwarf.answer FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('dwarf.answer', '');
+
+CREATE FUNCTION dwarf.claim(queue text, max int DEFAULT 1, lease interval DEFAULT NULL,
+							wait interval DEFAULT '0')
+	RETURNS TABLE (lease bigint, flow_id bigint, graph text, task text, attempt int,
+				   input jsonb, baggage jsonb, step_key text, lease_until timestamptz)
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_claim';
+COMMENT ON FUNCTION dwarf.claim(text, int, interval, interval) IS
+	'Leases up to max waiting steps of the queue''s external tasks, of flows whose owners'' privileges you have, '
+	'oldest first, for lease (NULL: the task''s lease, 5 min by default); waits up to wait for the first. '
+	'Writes nothing: a claim needs no commit, and a lease holds whatever becomes of the transaction';
+
+CREATE FUNCTION dwarf.complete(lease bigint, changes jsonb DEFAULT NULL) RETURNS void
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_complete';
+COMMENT ON FUNCTION dwarf.complete(bigint, jsonb) IS
+	'Completes the step of a held lease with changes (a JSON object, or NULL for none) when your transaction commits: '
+	'what else it wrote commits with the step, exactly once';
+
+CREATE FUNCTION dwarf.fail(lease bigint, error text, retryable boolean DEFAULT true) RETURNS void
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_fail';
+COMMENT ON FUNCTION dwarf.fail(bigint, text, boolean) IS
+	'Fails the attempt of a held lease when your transaction commits: the task''s retry policy offers the step again '
+	'(retryable only) or the step fails (its on_error edges, or the flow fails)';
+
+CREATE FUNCTION dwarf.extend(lease bigint, lease_for interval) RETURNS timestamptz
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_extend';
+COMMENT ON FUNCTION dwarf.extend(bigint, interval) IS
+	'Heartbeat of a long external step: its lease now ends lease_for from now (returned). '
+	'A lease that ran out is not extended: its attempt has failed';
+
 CREATE FUNCTION dwarf.goto(task text) RETURNS void
 	LANGUAGE c STRICT
 	AS 'MODULE_PATHNAME', 'dwarf_goto';
@@ -954,6 +1017,10 @@ BEGIN
 		'more', more,
 		'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
 	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain.now, result);
+	-- answers that came as their flow closed or was cancelled: no one records them
+	DELETE FROM dwarf.answer a
+	 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
+					   WHERE f.id = a.flow_id AND f.status IN ('running', 'interrupted'));
 	DELETE FROM dwarf.maintain_log
 	 WHERE started_at < (SELECT l.started_at FROM dwarf.maintain_log l
 						  ORDER BY l.started_at DESC OFFSET 999 LIMIT 1);

@@ -71,7 +71,7 @@ DWARF_FUNCTION(dwarf_step_key);
  * The tag of this database's incarnation (dwarf.new_incarnation), or NULL
  * on a server that never took one.
  */
-static char *
+char *
 IncarnationTag(void)
 {
 	static LocalTransactionId read_in = InvalidLocalTransactionId;

@@ -28,6 +28,7 @@
 #include "dwarf.h"
 #include "shmem.h"
 #include "flows.h"
+#include "offers.h"
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
@@ -78,6 +79,7 @@ dwarf_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	DwarfShmemRequest();
+	OffersShmemRequest();
 }
 
 static void
@@ -86,6 +88,7 @@ dwarf_shmem_startup(void)
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 	DwarfShmemStartup();
+	OffersShmemStartup();
 }
 
 /* Does this statement drop the extension dwarf? */
@@ -332,6 +335,25 @@ _PG_init(void)
 							1000, 1, INT_MAX,
 							PGC_SUSET,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.max_external_steps",
+							"Steps of external tasks the server can offer to claims at once.",
+							"Each takes about 400 bytes of shared memory, plus its state in dwarf.external_memory; "
+							"a step past it waits, and is offered once there is room.",
+							&dwarf_max_external_steps,
+							20000, 16, 10000000,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.external_memory",
+							"Shared memory the states of offered external steps may take.",
+							"A step whose state does not fit waits, and is offered once there is room.",
+							&dwarf_external_memory,
+							65536, 64, INT_MAX / 2,
+							PGC_SIGHUP,
+							GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("dwarf");

@@ -47,6 +47,8 @@ extern int	dwarf_max_state_size;	/* kB a folded state may take */
 extern int	dwarf_min_retry_delay;
 extern int	dwarf_max_tree_flows;
 extern int	dwarf_max_step_children;
+extern int	dwarf_max_external_steps;	/* steps offered to claims at once */
+extern int	dwarf_external_memory;	/* kB their states may take */
 
 /*
  * Flow ids are (shard << DWARF_SHARD_SHIFT) | (timeline & 0xFF) <<

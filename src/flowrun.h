@@ -25,6 +25,25 @@ typedef enum FlowStatus
 
 typedef struct Cohort Cohort;
 
+/* What came of a step of an external task, for its worker to record. */
+typedef enum AnswerKind
+{
+	ANSWER_COMPLETED,			/* dwarf.complete */
+	ANSWER_FAILED,				/* dwarf.fail */
+	ANSWER_EXPIRED				/* its lease ran out */
+} AnswerKind;
+
+typedef struct ExternalAnswer
+{
+	AnswerKind	kind;
+	Jsonb	   *changes;		/* completed: or NULL for none */
+	Jsonb	   *error;			/* failed, expired: the error document */
+	bool		retryable;		/* failed: the policy may try again */
+	bool		in_table;		/* a dwarf.answer row, deleted as it is recorded */
+	TimestampTz started;		/* when it was claimed */
+	TimestampTz finished;
+} ExternalAnswer;
+
 /* A token is one branch's position: the task it runs next and its state. */
 typedef struct Token
 {
@@ -51,6 +70,9 @@ typedef struct Token
 	int64		child;			/* the child flow it waits for, or 0 */
 	Jsonb	   *payload;		/* the interrupt's payload while parked */
 	List	   *resumes;		/* data given by dwarf.resume, for this step */
+	bool		offered;		/* an external task's step, offered to claims
+								 * (offers.c): it waits for an answer */
+	ExternalAnswer *answer;		/* its answer, to record (step.c) */
 } Token;
 
 /* The branches a fan-out made, waiting to meet again at a fan-in. */
@@ -97,6 +119,7 @@ typedef struct FlowRun
 	List	   *placed;			/* ids of the tokens the last step placed,
 								 * made or moved (its successors) */
 	uint64		enqueued;		/* the worker's mark: queued after this batch */
+	int			offered;		/* its tokens offered to claims */
 	MemoryContext cxt;
 } FlowRun;
 
@@ -175,5 +198,6 @@ typedef struct StepContext
 } StepContext;
 
 extern StepContext *DwarfCurrentStep;
+extern char *IncarnationTag(void);
 
 #endif							/* DWARF_FLOWRUN_H */

@@ -61,8 +61,21 @@ typedef struct PendingNote
 
 static List *PendingNotes = NIL;	/* in TopTransactionContext */
 static bool PendingRescan = false;
+static uint64 PendingWakes = 0; /* workers to wake, by number (bit n: worker n) */
 
 /* ---------- commit-time notes ---------- */
+
+/*
+ * At commit, wakes the worker that owns flow_id, with no note: what it is
+ * to do waits for it in shared memory (the answers of external steps,
+ * offers.c).  However many flows of a worker the transaction touched, it
+ * is woken once.
+ */
+void
+WakeOwnerOnCommit(int64 flow_id)
+{
+	PendingWakes |= UINT64CONST(1) << (DwarfWorkerOf(flow_id) % DWARF_MAX_WORKERS);
+}
 
 void
 NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters)
@@ -123,6 +136,21 @@ DwarfXactCallback(XactEvent event, void *arg)
 			if (note->wake_waiters && Dwarf)
 				DwarfWakeWaiters(&note->flow_id, 1);
 		}
+		if (PendingWakes != 0 && Dwarf)
+		{
+			int			i;
+
+			for (i = 0; i < DWARF_MAX_WORKERS; i++)
+			{
+				DwarfWorkerSlot *slot;
+
+				if ((PendingWakes & (UINT64CONST(1) << i)) == 0)
+					continue;
+				slot = DwarfWorkerSlotOf(MyDatabaseId, i);
+				if (slot && slot->latch)
+					SetLatch(slot->latch);
+			}
+		}
 		if (PendingRescan && Dwarf)
 		{
 			int			i;
@@ -138,10 +166,10 @@ DwarfXactCallback(XactEvent event, void *arg)
 	 * another session, after a restart: refuse, as PostgreSQL does for
 	 * LISTEN or temporary tables.
 	 */
-	if (event == XACT_EVENT_PRE_PREPARE && (PendingNotes != NIL || PendingRescan))
+	if (event == XACT_EVENT_PRE_PREPARE && (PendingNotes != NIL || PendingRescan || PendingWakes))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("cannot PREPARE a transaction that created, cancelled, resumed or deleted dwarf flows"),
+				 errmsg("cannot PREPARE a transaction that created, cancelled, resumed or deleted dwarf flows or answered their steps"),
 				 errhint("Commit it instead: a flow starts when its transaction commits.")));
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PREPARE ||
@@ -149,6 +177,7 @@ DwarfXactCallback(XactEvent event, void *arg)
 	{
 		PendingNotes = NIL;
 		PendingRescan = false;
+		PendingWakes = 0;
 	}
 }
 

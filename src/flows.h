@@ -19,6 +19,7 @@
 /* ---------- notes handed to the workers when the transaction commits ---------- */
 
 extern void NoteOnCommit(int64 flow_id, DwarfNoteKind kind, bool wake_waiters);
+extern void WakeOwnerOnCommit(int64 flow_id);
 extern void DwarfRescanOnCommit(void);
 extern void DwarfXactCallback(XactEvent event, void *arg);
 

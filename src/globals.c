@@ -28,6 +28,8 @@ int			dwarf_max_state_size = 65536;
 int			dwarf_min_retry_delay = 100;
 int			dwarf_max_tree_flows = 10000;
 int			dwarf_max_step_children = 1000;
+int			dwarf_max_external_steps = 20000;
+int			dwarf_external_memory = 65536;	/* kB */
 
 /* this process's state as a worker (or runner): see worker.h */
 WorkerState Worker = {.full_scan = true};

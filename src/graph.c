@@ -626,6 +626,8 @@ ParseTasks(Graph *graph, JsonbValue *tasks, bool strict)
 		{
 			node->spec = JsonbValueToJsonb(&v);
 			ParseTaskObject(node, &v);
+			if (node->kind == TASK_EXTERNAL)
+				graph->has_external = true;
 		}
 		else
 			node->fn_name = StringValue(&v, psprintf("the function of task \"%s\"", name));

@@ -120,6 +120,7 @@ typedef struct Graph
 	Reducer    *reducers;
 	MemoryContext cxt;
 	bool		prepared;		/* FmgrInfos set up, EXECUTE checks valid */
+	bool		has_external;	/* a task is external: loads read answers */
 	MemoryContext calls_cxt;	/* what the FmgrInfos keep */
 } Graph;
 

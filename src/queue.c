@@ -129,7 +129,7 @@ EnqueueRunnable(FlowRun *flow)
 		Token	   *token = iter_token(iter);
 		ReadyEntry *entry;
 
-		if (token->queued || token->running || token->parked)
+		if (token->queued || token->running || token->parked || token->offered)
 			continue;
 		if (token->due <= now && room <= 0)
 			continue;			/* queued after a later commit */

@@ -45,6 +45,7 @@
 #include "graph.h"
 #include "flowrun.h"
 #include "json.h"
+#include "offers.h"
 #include "worker.h"
 
 /*
@@ -518,6 +519,170 @@ ReportStop(FlowRun *flow, int node, TaskStop stopped, TimestampTz started)
 						task, flow->id)));
 }
 
+/* ---------- steps of external tasks ---------- */
+
+/*
+ * Offers a step of an external task to claims (offers.c): it waits there,
+ * holding no process, for an answer or for its lease to run out.  Offering
+ * again a step that is offered already leaves it as it stands (a flow
+ * loaded again offers its waiting steps again).  When the offers are full,
+ * the step is put off for a second.
+ */
+static StepResult
+OfferStep(FlowRun *flow, Token *token)
+{
+	GraphNode  *node = &flow->graph->nodes[token->node];
+	TimestampTz now = GetCurrentTimestamp();
+	OfferSpec	spec;
+
+	memset(&spec, 0, sizeof(spec));
+	spec.key.dboid = MyDatabaseId;
+	spec.key.flow_id = flow->id;
+	spec.key.token_id = token->id;
+	spec.visits = token->visits;
+	spec.attempt = token->attempt;
+	spec.owner = flow->owner;
+	spec.priority = flow->priority;
+	spec.queue = node->queue;
+	spec.graph = flow->graph->name;
+	spec.task = node->name;
+	spec.lease_us = node->lease_us;
+	spec.input = FlowTokenState(flow, token);
+	spec.baggage = flow->baggage;
+	if (token->attempt == 1 && token->first_started == 0)
+		token->first_started = now;
+	if (!OfferPublish(&spec))
+	{
+		token->due = now + USECS_PER_SEC;
+		ereport(LOG,
+				(errmsg("dwarf: the step of external task \"%s\" of flow " INT64_FORMAT " waits: no room to offer it",
+						node->name, flow->id),
+				 errhint("dwarf.max_external_steps steps are offered, or their states fill dwarf.external_memory.")));
+		return STEP_DEFERRED;
+	}
+	token->offered = true;
+	flow->offered++;
+	return STEP_OFFERED;
+}
+
+/* The error document of an external step's failed attempt. */
+static Jsonb *
+AnswerError(ExternalAnswer *answer, const char *task, int attempt)
+{
+	const char *keys[2] = {"message", "task"};
+	JsonbValue	values[2];
+	Jsonb	   *error = answer->error;
+
+	if (answer->kind == ANSWER_EXPIRED || error == NULL)
+	{
+		char	   *message = answer->kind == ANSWER_EXPIRED ?
+			psprintf("the lease of attempt %d of external task \"%s\" ran out at %s",
+					 attempt, task, timestamptz_to_str(answer->finished)) :
+			pstrdup("failed");
+
+		values[0].type = jbvString;
+		values[0].val.string.val = message;
+		values[0].val.string.len = strlen(message);
+		values[1].type = jbvString;
+		values[1].val.string.val = (char *) task;
+		values[1].val.string.len = strlen(task);
+		return JsonbWithKeys(JsonbEmptyObject(), 2, keys, values);
+	}
+	values[0].type = jbvString;
+	values[0].val.string.val = (char *) task;
+	values[0].val.string.len = strlen(task);
+	return JsonbWithKeys(error, 1, &keys[1], values);
+}
+
+/*
+ * Records the answer of an external task's step: completed, the step's
+ * changes; failed (dwarf.fail, or its lease ran out), another attempt when
+ * the failure may be retried and the task's retry policy allows one, else
+ * the step fails (its on_error edges, or the flow fails).  The answer's
+ * row is deleted in the same transaction, and its offer withdrawn.  Like a
+ * task's step: isolated, an error while the flow moves on is the step's
+ * (STEP_BROKEN); shared, it aborts the batch.
+ */
+static StepResult
+RecordAnswer(FlowRun *flow, Token *token, bool isolated)
+{
+	GraphNode  *node = &flow->graph->nodes[token->node];
+	ExternalAnswer *answer = token->answer;
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	StepOutcome outcome = {0};
+	OfferKey	key;
+	int			token_id = token->id;
+	int			visits = token->visits;
+	int			attempt = token->attempt;
+	int			node_no = token->node;
+	TimestampTz first = token->first_started ? token->first_started : answer->started;
+	volatile StepResult result = STEP_DONE;
+	int64		delay_us;
+
+	token->answer = NULL;
+	outcome.goto_node = -1;
+	if (answer->kind == ANSWER_COMPLETED)
+	{
+		outcome.kind = OUTCOME_OK;
+		outcome.changes = answer->changes ? answer->changes : JsonbEmptyObject();
+	}
+	else
+	{
+		outcome.error = AnswerError(answer, node->name, attempt);
+		if ((answer->kind == ANSWER_EXPIRED || answer->retryable) &&
+			RetryAgain(&node->retry, attempt, first, answer->finished, 0, &delay_us))
+		{
+			outcome.kind = OUTCOME_RETRY;
+			outcome.changes = JsonbEmptyObject();
+			outcome.wake_at = answer->finished + delay_us;
+		}
+		else
+			outcome.kind = OUTCOME_ERROR;
+		pg_atomic_fetch_add_u64(&Worker.slot->steps_failed, 1);
+	}
+	if (isolated)
+		BeginInternalSubTransaction(NULL);
+	PG_TRY();
+	{
+		FlowAdvance(flow, token, &outcome);
+		if (isolated)
+		{
+			ReleaseCurrentSubTransaction();
+			MemoryContextSwitchTo(cxt);
+			CurrentResourceOwner = owner;
+		}
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		if (!isolated)
+			PG_RE_THROW();
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		outcome.kind = OUTCOME_ERROR;
+		outcome.changes = NULL;
+		outcome.wake_at = 0;
+		outcome.error = ErrorDocument(edata, node->name);
+		result = STEP_BROKEN;
+	}
+	PG_END_TRY();
+	RecordStep(flow, token_id, node_no, attempt, &outcome, answer->started, answer->finished);
+	if (answer->in_table)
+		DeleteAnswer(flow->id, token_id, visits, attempt);
+	memset(&key, 0, sizeof(key));
+	key.dboid = MyDatabaseId;
+	key.flow_id = flow->id;
+	key.token_id = token_id;
+	OfferWithdraw(&key, LEASE_ANSWERED);
+	return result;
+}
+
 /*
  * Runs one step.  Isolated, the task and the transition run in a
  * subtransaction, and an error there becomes the step's outcome; otherwise
@@ -547,6 +712,8 @@ RunStep(FlowRun *flow, Token *token, bool isolated, bool shared, bool preemptibl
 	volatile TimestampTz returned = 0; /* when the task returned, if it did */
 	TimestampTz finished;
 
+	if (flow->graph->nodes[node].kind == TASK_EXTERNAL)
+		return token->answer ? RecordAnswer(flow, token, isolated) : OfferStep(flow, token);
 	if (attempt == 1)
 		token->first_started = started;
 	if (isolated)

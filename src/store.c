@@ -43,6 +43,7 @@
 #include "json.h"
 #include "flows.h"
 #include "rows.h"
+#include "offers.h"
 #include "worker.h"
 
 typedef struct GraphEntry
@@ -110,6 +111,14 @@ static SPIPlanPtr FailFlowPlan = NULL;
 static SPIPlanPtr OrphanPlan = NULL;
 static SPIPlanPtr ChildClosedPlan = NULL;
 static SPIPlanPtr StillRunsPlan = NULL;
+static SPIPlanPtr AnswersPlan = NULL;
+static SPIPlanPtr AnswersOfPlan = NULL;
+
+/* The columns TakeAnswerRow reads of dwarf.answer, flow_id last. */
+#define ANSWER_ROWS_SQL \
+	"SELECT token, visits, attempt, status, changes, error, retryable, started_at," \
+	" finished_at, flow_id FROM dwarf.answer"
+static SPIPlanPtr DeleteAnswerPlan = NULL;
 
 /* Prepares the worker's statements once; they stay for the worker's life. */
 void
@@ -122,6 +131,7 @@ PreparePlans(void)
 	Oid			scan_types[2] = {INT4OID, INT4OID};
 	Oid			int8_type[1] = {INT8OID};
 	Oid			int4_type[1] = {INT4OID};
+	Oid			answer_types[4] = {INT8OID, INT4OID, INT4OID, INT4OID};
 
 	if (CloseFlowPlan != NULL)
 		return;
@@ -140,7 +150,7 @@ PreparePlans(void)
 	WakeTimesPlan = PrepareKeptReplanned(WAKE_TIMES_SQL, 1, ids_type, true);
 	LoadStepsPlan = PrepareKept(STEP_ROWS_SQL " ORDER BY step_id", 1, int8_type);
 	LoadGraphPlan = PrepareKept(
-		"SELECT definition FROM dwarf.graph WHERE id = $1",
+		"SELECT definition, name, version FROM dwarf.graph WHERE id = $1",
 		1, int4_type);
 	ParkFlowPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = 'interrupted', interrupt_payload = $2, state = $3"
@@ -178,6 +188,153 @@ PreparePlans(void)
 	StillRunsPlan = PrepareKept(
 		"SELECT 1 FROM dwarf.flow WHERE id = $1 AND status = 'running' FOR SHARE",
 		1, int8_type);
+	AnswersPlan = PrepareKept(ANSWER_ROWS_SQL " WHERE flow_id = $1", 1, int8_type);
+	DeleteAnswerPlan = PrepareKept(
+		"DELETE FROM dwarf.answer WHERE flow_id = $1 AND token = $2 AND visits = $3"
+		" AND attempt = $4",
+		4, answer_types);
+}
+
+/* Deletes an external step's answer, recorded as its step. */
+void
+DeleteAnswer(int64 flow_id, int token_id, int visits, int attempt)
+{
+	Datum		args[4];
+
+	args[0] = Int64GetDatum(flow_id);
+	args[1] = Int32GetDatum(token_id);
+	args[2] = Int32GetDatum(visits);
+	args[3] = Int32GetDatum(attempt);
+	if (SPI_execute_plan(DeleteAnswerPlan, args, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "dwarf: could not delete an answer of flow " INT64_FORMAT, flow_id);
+}
+
+/*
+ * Hands one answer row (ANSWER_ROWS_SQL) to the branch of flow waiting for
+ * it.  False when none waits for it: the branch moved on (the flow was
+ * loaded again and its step offered anew) or is not at that step.
+ */
+static bool
+TakeAnswerRow(FlowRun *flow, HeapTuple tup, TupleDesc desc)
+{
+	bool		isnull;
+	int			token_id = DatumGetInt32(SPI_getbinval(tup, desc, 1, &isnull));
+	int			visits = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+	int			attempt = DatumGetInt32(SPI_getbinval(tup, desc, 3, &isnull));
+	char	   *status = SPI_getvalue(tup, desc, 4);
+	Token	   *token = FlowFindToken(flow, token_id);
+	ExternalAnswer *answer;
+	MemoryContext old;
+	Datum		d;
+
+	if (token == NULL || token->visits != visits || token->attempt != attempt ||
+		flow->graph->nodes[token->node].kind != TASK_EXTERNAL || token->parked ||
+		token->answer != NULL)
+		return false;
+	old = MemoryContextSwitchTo(flow->cxt);
+	answer = palloc0(sizeof(ExternalAnswer));
+	answer->kind = strcmp(status, "completed") == 0 ? ANSWER_COMPLETED : ANSWER_FAILED;
+	d = SPI_getbinval(tup, desc, 5, &isnull);
+	answer->changes = isnull ? NULL : (Jsonb *) PG_DETOAST_DATUM_COPY(d);
+	d = SPI_getbinval(tup, desc, 6, &isnull);
+	answer->error = isnull ? NULL : (Jsonb *) PG_DETOAST_DATUM_COPY(d);
+	answer->retryable = DatumGetBool(SPI_getbinval(tup, desc, 7, &isnull));
+	answer->started = DatumGetTimestampTz(SPI_getbinval(tup, desc, 8, &isnull));
+	answer->finished = DatumGetTimestampTz(SPI_getbinval(tup, desc, 9, &isnull));
+	answer->in_table = true;
+	MemoryContextSwitchTo(old);
+	token->answer = answer;
+	if (token->offered)
+	{
+		token->offered = false;
+		flow->offered--;
+	}
+	return true;
+}
+
+/*
+ * Hands the answers that outside workers gave to a flow's external steps
+ * (dwarf.complete, dwarf.fail) to the branches waiting for them; the steps
+ * that record them run in the next batch (step.c).  An answer for a step
+ * the branch is no longer at (the flow moved on after a restart offered
+ * the step again, say) is dropped.
+ */
+static void
+TakeAnswers(FlowRun *flow)
+{
+	Datum		arg = Int64GetDatum(flow->id);
+	uint64		i;
+
+	if (SPI_execute_plan(AnswersPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read the answers of flow " INT64_FORMAT, flow->id);
+	for (i = 0; i < SPI_processed; i++)
+		if (!TakeAnswerRow(flow, SPI_tuptable->vals[i], SPI_tuptable->tupdesc))
+		{
+			bool		isnull;
+			int			token_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+			int			visits = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
+			int			attempt = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3, &isnull));
+
+			ereport(DEBUG1,
+					(errmsg("dwarf: dropping an answer for a step flow " INT64_FORMAT " is no longer at",
+							flow->id)));
+			DeleteAnswer(flow->id, token_id, visits, attempt);
+		}
+}
+
+/*
+ * Takes the answers of flows held in memory whose outside workers answered
+ * (offers.c said so), in a transaction of its own: each answer goes to its
+ * waiting branch, to be recorded by the next batch.  Returns the flows that
+ * took one, to be queued.
+ */
+List *
+LoadAnswers(int64 *ids, int n)
+{
+	Oid			types[1] = {INT8ARRAYOID};
+	Datum		arg;
+	Datum	   *datums = palloc(sizeof(Datum) * n);
+	List	   *flows = NIL;
+	MemoryContext outer = CurrentMemoryContext;
+	uint64		i;
+	int			j;
+
+	for (j = 0; j < n; j++)
+		datums[j] = Int64GetDatum(ids[j]);
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: taking answers of external steps");
+	PreparePlans();
+	arg = PointerGetDatum(construct_array(datums, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	if (AnswersOfPlan == NULL)
+		AnswersOfPlan = PrepareKeptReplanned(ANSWER_ROWS_SQL " WHERE flow_id = ANY($1)",
+											 1, types, true);
+	if (SPI_execute_plan(AnswersOfPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read the answers of external steps");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 10, &isnull));
+		FlowRun    *flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
+
+		if (flow && flow->status == FLOW_RUNNING &&
+			TakeAnswerRow(flow, tup, SPI_tuptable->tupdesc))
+		{
+			MemoryContext old = MemoryContextSwitchTo(outer);
+
+			flows = list_append_unique_ptr(flows, flow);
+			MemoryContextSwitchTo(old);
+		}
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(outer);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	return flows;
 }
 
 /*
@@ -227,6 +384,10 @@ GetGraph(int graph_id)
 	}
 	PG_END_TRY();
 	entry->graph->id = graph_id;
+	entry->graph->name = MemoryContextStrdup(entry->graph->cxt,
+											 SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2));
+	entry->graph->version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+														 SPI_tuptable->tupdesc, 3, &isnull));
 	return entry->graph;
 }
 
@@ -352,6 +513,8 @@ WriteClose(FlowRun *flow)
 
 	if (flow->parent_id != 0)
 		NoteOnCommit(flow->parent_id, NOTE_RELOAD_FLOW, false);
+	if (flow->offered > 0)		/* external steps no one will answer now */
+		(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
 	if (flow->delete_on_completion && flow->status == FLOW_COMPLETED)
 	{
 		args[0] = Int64GetDatum(flow->id);
@@ -544,6 +707,8 @@ AddFlow(const FlowRow *row, bool replay)
 				token->child = 0;
 			}
 		}
+		if (graph->has_external && flow->status == FLOW_RUNNING)
+			TakeAnswers(flow);
 	}
 	pg_atomic_fetch_add_u64(&Worker.slot->flows_loaded, 1);
 	return flow;
@@ -901,7 +1066,8 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	values[SC_SIGNAL] = JsonbPGetDatum(outcome->signal);
 	nulls[SC_SIGNAL] = outcome->signal == NULL;
 	values[SC_ERROR] = JsonbPGetDatum(outcome->error);
-	nulls[SC_ERROR] = outcome->kind != OUTCOME_ERROR;
+	nulls[SC_ERROR] = outcome->error == NULL ||
+		(outcome->kind != OUTCOME_ERROR && outcome->kind != OUTCOME_RETRY);
 
 	RowsInsertStep(values, nulls);
 }

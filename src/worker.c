@@ -63,6 +63,7 @@
 #include "flowrun.h"
 #include "flows.h"
 #include "rows.h"
+#include "offers.h"
 #include "worker.h"
 
 static bool IsolateNext = false;
@@ -155,8 +156,11 @@ ChainSuccessors(List *batch, FlowRun *flow, int max, int32 limit, int at)
 
 		if (list_length(batch) >= max)
 			break;
-		if (token == NULL || token->queued || token->running || token->parked)
+		if (token == NULL || token->queued || token->running || token->parked ||
+			token->offered)
 			continue;
+		if (flow->graph->nodes[token->node].kind == TASK_EXTERNAL && token->answer == NULL)
+			continue;			/* offered after the commit that led to it */
 		if (token->due > 0 && token->due > (now ? now : (now = GetCurrentTimestamp())))
 			continue;
 		if (RunnerWants(flow, token))
@@ -262,10 +266,11 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 		MemoryContextSwitchTo(old);
 		return;					/* still "running": no one else queues it */
 	}
-	if (result == STEP_DEFERRED || result == STEP_STOPPED)
+	if (result == STEP_DEFERRED || result == STEP_STOPPED || result == STEP_OFFERED)
 	{
 		/*
-		 * Deferred: on the timer heap after the commit.  Stopped: queued
+		 * Deferred: on the timer heap after the commit.  Offered: it waits
+		 * for an answer, or its lease to run out (SweepOffers).  Stopped: queued
 		 * again, and lent (a preempted task is slow now), or its flow
 		 * reloaded, cancelled (a runner's lender reloads it).
 		 */
@@ -479,7 +484,7 @@ FlowSleeps(FlowRun *flow, TimestampTz *wake)
 	{
 		Token	   *token = iter_token(iter);
 
-		if (token->running || (token->queued && token->timer == NULL))
+		if (token->running || token->offered || (token->queued && token->timer == NULL))
 			return false;
 		if (token->parked)
 			continue;
@@ -798,7 +803,11 @@ DropReturnedFlows(MemoryContext cxt, int64 **woken, int *nwoken)
 		FlowRun    *flow = hash_search(Worker.flows, &id, HASH_FIND, NULL);
 
 		if (flow)
+		{
+			if (flow->offered > 0)
+				(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
 			DropFlow(flow);
+		}
 		(*woken)[(*nwoken)++] = id;
 	}
 }
@@ -947,6 +956,8 @@ DrainNotes(List **requests)
 				case NOTE_RELOAD_FLOW:
 				case NOTE_CANCEL_FLOW:
 					flow = hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL);
+					if (flow && flow->offered > 0 && notes[i].kind == NOTE_CANCEL_FLOW)
+						(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
 					if (flow)
 						DropFlow(flow);
 					NoteLoad(notes[i].flow_id, true);
@@ -965,6 +976,103 @@ DrainNotes(List **requests)
 	} while (n == lengthof(notes));
 	HandleTreeNotes(cancelled, capped, prune);
 	return any || Worker.full_scan;
+}
+
+/* Is this flow in memory?  (OffersSweep asks, of each offer.) */
+static bool
+FlowHeld(int64 flow_id)
+{
+	return hash_search(Worker.flows, &flow_id, HASH_FIND, NULL) != NULL;
+}
+
+/*
+ * Takes the answers outside workers committed for this worker's external
+ * steps (dwarf.complete, dwarf.fail; offers.c keeps which): a flow in
+ * memory gets each answer on its waiting branch, and is queued for the
+ * next batch to record it; a flow out of memory is loaded, and takes its
+ * answers as it loads.  One statement for all of them: no flow is loaded
+ * again for an answer.
+ */
+static void
+TakeAnsweredSteps(void)
+{
+	List	   *answered;
+	ListCell   *lc;
+	int64	   *ids;
+	int			n = 0;
+
+	if (!OffersAnsweredPending())
+		return;
+	answered = OffersTakeAnswered(Worker.slot->index);
+	if (answered == NIL)
+		return;
+	ids = palloc(sizeof(int64) * list_length(answered));
+	foreach(lc, answered)
+	{
+		AnsweredStep *step = lfirst(lc);
+
+		if (hash_search(Worker.flows, &step->key.flow_id, HASH_FIND, NULL) != NULL)
+			ids[n++] = step->key.flow_id;
+		else
+			NoteLoad(step->key.flow_id, true);
+	}
+	if (n > 0)
+	{
+		List	   *flows = LoadAnswers(ids, n);
+
+		foreach(lc, flows)
+			QueueOrEvict(lfirst(lc));
+		list_free(flows);
+	}
+	list_free_deep(answered);
+	pfree(ids);
+}
+
+/* When the offers are swept next (SweepOffers). */
+static TimestampTz NextSweep = 0;
+
+/*
+ * Sweeps this worker's offers of external steps (offers.c) once a second,
+ * and when a lease is due to run out: a step whose lease ran out gets the
+ * failed attempt as its answer, recorded by the next batch (step.c), after
+ * which the task's retry policy offers it again or fails it.  Returns the
+ * milliseconds until the next sweep.
+ */
+static long
+SweepOffers(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz next_due;
+	List	   *expired;
+	ListCell   *lc;
+
+	if (now < NextSweep)
+		return TimestampDifferenceMilliseconds(now, NextSweep) + 1;
+	expired = OffersSweep(Worker.slot->index, now, FlowHeld, &next_due);
+	foreach(lc, expired)
+	{
+		ExpiredLease *e = lfirst(lc);
+		FlowRun    *flow = hash_search(Worker.flows, &e->key.flow_id, HASH_FIND, NULL);
+		Token	   *token = flow ? FlowFindToken(flow, e->key.token_id) : NULL;
+		ExternalAnswer *answer;
+
+		if (token == NULL || !token->offered || token->visits != e->visits ||
+			token->attempt != e->attempt)
+			continue;			/* offered again when its flow loads */
+		answer = MemoryContextAllocZero(flow->cxt, sizeof(ExternalAnswer));
+		answer->kind = ANSWER_EXPIRED;
+		answer->started = e->leased_at;
+		answer->finished = e->lease_until;
+		token->answer = answer;
+		token->offered = false;
+		flow->offered--;
+		QueueOrEvict(flow);
+	}
+	list_free_deep(expired);
+	NextSweep = now + USECS_PER_SEC;
+	if (next_due != 0 && next_due < NextSweep)
+		NextSweep = next_due;
+	return TimestampDifferenceMilliseconds(now, NextSweep) + 1;
 }
 
 /*
@@ -1115,6 +1223,7 @@ DwarfWorkerMain(Datum arg)
 		long		next_timer;
 		long		runner_timer;
 		long		sleeper_timer;
+		long		offers_timer;
 		TimestampTz now;
 		int64		sleeper;
 
@@ -1138,6 +1247,8 @@ DwarfWorkerMain(Datum arg)
 		MemoryContextSwitchTo(Worker.batch_context);
 		runner_timer = RunnerPoll();
 		(void) DrainNotes(&requests);
+		TakeAnsweredSteps();
+		offers_timer = SweepOffers();
 		requests = IntakeRedo(requests);
 		if (requests != NIL && !BatchTakesRequests())
 		{
@@ -1186,6 +1297,8 @@ DwarfWorkerMain(Datum arg)
 			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
 		if (runner_timer >= 0)	/* steps wait for a runner */
 			next_timer = next_timer < 0 ? runner_timer : Min(next_timer, runner_timer);
+		if (OffersPending())	/* leases to sweep */
+			next_timer = next_timer < 0 ? offers_timer : Min(next_timer, offers_timer);
 
 		/*
 		 * Nothing to run: flush our statistics, then sleep until a note, a

@@ -107,6 +107,8 @@ typedef enum StepResult
 	STEP_BROKEN,				/* an error left the flow half moved on: reload it */
 	STEP_CONTENDED,				/* met a lock conflict while sharing: run it alone */
 	STEP_DEFERRED,				/* met server trouble (disk full): run it later */
+	STEP_OFFERED,				/* an external task's: offered to claims, it
+								 * waits for an answer (token->offered) */
 	STEP_STOPPED				/* preempted, or its flow cancelled: given back
 								 * untouched */
 } StepResult;
@@ -200,6 +202,8 @@ extern void FailFlowRow(int64 id, const char *error);
 extern bool FlowStillRuns(int64 flow_id);
 extern void WriteClose(FlowRun *flow);
 extern void ParkRow(FlowRun *flow, Token *token);
+extern void DeleteAnswer(int64 flow_id, int token_id, int visits, int attempt);
+extern List *LoadAnswers(int64 *ids, int n);
 extern void RecordStep(FlowRun *flow, int token_id, int node, int attempt,
 					   StepOutcome *outcome, TimestampTz started, TimestampTz finished);
 

@@ -1,0 +1,424 @@
+/*
+ * external.c
+ *		The SQL functions of workers outside the server: dwarf.claim,
+ *		dwarf.complete, dwarf.fail and dwarf.extend.
+ *
+ * A step of an external task waits in shared memory (offers.c), holding no
+ * process and no connection, until a claim leases it.  The answer is a row
+ * of dwarf.answer written in the caller's own transaction, so that what the
+ * outside worker wrote in that transaction commits with it, exactly once:
+ * the lease is fenced (offers.c) while the answer's transaction is in
+ * progress, and ended once it committed.  At commit the flow's worker is
+ * told; it records the answer as the step's row, in step order with the
+ * flow's other steps (the worker is the only writer of a flow's steps, so
+ * replay sees them in the order it took them), and deletes the answer.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+#include "flows.h"
+#include "flowrun.h"
+#include "json.h"
+#include "offers.h"
+
+/* The most steps one claim may take. */
+#define DWARF_MAX_CLAIM		10000
+
+/* The longest a claim may wait for a step. */
+#define DWARF_MAX_CLAIM_WAIT_MS		(60 * 60 * 1000)
+
+/* The roles whose flows this backend's user may claim, as last found. */
+typedef struct ClaimRoles
+{
+	Oid			user;
+	Oid		   *allowed;
+	int			nallowed;
+	Oid		   *denied;
+	int			ndenied;
+} ClaimRoles;
+
+static ClaimRoles Roles = {InvalidOid, NULL, 0, NULL, 0};
+
+static void
+AddRole(Oid **roles, int *n, Oid role)
+{
+	*roles = *roles ? repalloc(*roles, sizeof(Oid) * (*n + 1)) :
+		MemoryContextAlloc(TopMemoryContext, sizeof(Oid));
+	(*roles)[(*n)++] = role;
+}
+
+/*
+ * Sorts the owners a claim met into those whose privileges the user has
+ * and those it has not.  Returns whether any was allowed.  What was found
+ * is kept for the backend's next claims, until the user changes (a GRANT
+ * or REVOKE of a role membership is seen by a new connection).
+ */
+static bool
+CheckOwners(Oid user, Oid *seen, int nseen)
+{
+	bool		any = false;
+	int			i,
+				j;
+
+	for (i = 0; i < nseen; i++)
+	{
+		bool		known = false;
+
+		for (j = 0; j < Roles.ndenied; j++)
+			if (Roles.denied[j] == seen[i])
+				known = true;
+		if (known)
+			continue;
+		if (has_privs_of_role(user, seen[i]))
+		{
+			AddRole(&Roles.allowed, &Roles.nallowed, seen[i]);
+			any = true;
+		}
+		else
+			AddRole(&Roles.denied, &Roles.ndenied, seen[i]);
+	}
+	return any;
+}
+
+/* The step key a claimed step's task sees, as dwarf.step_key() says it. */
+static text *
+ClaimedStepKey(ClaimedStep *step)
+{
+	char	   *tag = IncarnationTag();
+	char	   *key = psprintf(INT64_FORMAT "-%d-%d-%s", step->key.flow_id,
+							   step->key.token_id, step->visits, step->task);
+
+	return cstring_to_text(tag ? psprintf("%s/%s", tag, key) : key);
+}
+
+DWARF_FUNCTION(dwarf_claim);
+
+/*
+ * dwarf.claim(queue, max, lease, wait): leases up to max ready steps of the
+ * queue's external tasks, of flows whose owners' privileges the caller has,
+ * oldest first; waits up to wait for the first one, woken when one is
+ * offered.  Writes nothing: a claim needs no commit, and its leases hold
+ * whatever becomes of its transaction.
+ */
+Datum
+dwarf_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *queue;
+	int			max;
+	int64		lease_us = 0;
+	int64		wait_us = 0;
+	TimestampTz until;
+	Oid			user = GetUserId();
+	bool		any_owner = superuser();
+	List	   *claimed = NIL;
+	ListCell   *lc;
+
+	CheckNotStandby("dwarf.claim");
+	CheckNotNull(fcinfo, 0, "queue");
+	CheckNotNull(fcinfo, 1, "max");
+	queue = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	max = PG_GETARG_INT32(1);
+	if (max < 1 || max > DWARF_MAX_CLAIM)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dwarf.claim takes from 1 to %d steps at a time, not %d",
+						DWARF_MAX_CLAIM, max)));
+	if (!PG_ARGISNULL(2))
+	{
+		lease_us = IntervalMicros(PG_GETARG_INTERVAL_P(2), "lease");
+		if (lease_us <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("a lease must be longer than zero")));
+	}
+	if (!PG_ARGISNULL(3))
+		wait_us = IntervalMicros(PG_GETARG_INTERVAL_P(3), "wait");
+	if (wait_us > (int64) DWARF_MAX_CLAIM_WAIT_MS * 1000)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dwarf.claim waits at most an hour")));
+	until = GetCurrentTimestamp() + wait_us;
+	if (Roles.user != user)
+	{
+		Roles.user = user;
+		Roles.nallowed = Roles.ndenied = 0;
+	}
+
+	/*
+	 * A wait ended by an error is cancelled by the abort (as every
+	 * condition variable's is); the last claim's is forgotten here.
+	 */
+	OffersCancelWait();
+	for (;;)
+	{
+		Oid		   *seen;
+		int			nseen;
+		List	   *more;
+
+		more = OffersClaim(queue, max - list_length(claimed), lease_us,
+						   Roles.allowed, Roles.nallowed, any_owner, &seen, &nseen);
+		claimed = list_concat(claimed, more);
+		if (list_length(claimed) < max && nseen > 0 && CheckOwners(user, seen, nseen))
+			continue;			/* steps of roles found allowed just now */
+		if (claimed != NIL || wait_us == 0 || !OffersWait(queue, until))
+			break;
+	}
+	OffersCancelWait();
+
+	InitMaterializedSRF(fcinfo, 0);
+	foreach(lc, claimed)
+	{
+		ClaimedStep *step = lfirst(lc);
+		Datum		values[9];
+		bool		nulls[9] = {0};
+
+		values[0] = Int64GetDatum(step->lease);
+		values[1] = Int64GetDatum(step->key.flow_id);
+		values[2] = CStringGetTextDatum(step->graph);
+		values[3] = CStringGetTextDatum(step->task);
+		values[4] = Int32GetDatum(step->attempt);
+		values[5] = JsonbPGetDatum(step->input);
+		if (step->baggage)
+			values[6] = JsonbPGetDatum(step->baggage);
+		else
+			nulls[6] = true;
+		values[7] = PointerGetDatum(ClaimedStepKey(step));
+		values[8] = TimestampTzGetDatum(step->lease_until);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/* Says why a lease given to complete, fail or extend is not held. */
+static void
+LeaseNotHeld(int64 lease, LeaseEnd why, LeaseInfo *info, const char *function)
+{
+	const char *flow = info->key.flow_id ?
+		psprintf(" of flow " INT64_FORMAT, info->key.flow_id) : "";
+
+	switch (why)
+	{
+		case LEASE_HELD:
+			break;
+		case LEASE_UNKNOWN:
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("%s: lease " INT64_FORMAT " is not known", function, lease),
+					 errdetail("It was taken before the server restarted, or it ended long ago: leases are kept in memory."),
+					 errhint("Claim the step again; after a restart every waiting step is offered again.")));
+			break;
+		case LEASE_EXPIRED:
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("%s: lease " INT64_FORMAT "%s has expired", function, lease, flow),
+					 errdetail("The lease ran out at %s; the attempt counts as failed and the step is offered again, to be claimed anew.",
+							   timestamptz_to_str(info->lease_until)),
+					 errhint("Extend a lease with dwarf.extend() while the work goes on, or claim with a longer lease.")));
+			break;
+		case LEASE_ANSWERED:
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("%s: the step of lease " INT64_FORMAT "%s was already completed or failed",
+							function, lease, flow)));
+			break;
+		case LEASE_BUSY:
+			ereport(ERROR,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("%s: another transaction is completing or failing the step of lease " INT64_FORMAT "%s",
+							function, lease, flow),
+					 errdetail("If that transaction rolls back, the lease is held again.")));
+			break;
+		case LEASE_WITHDRAWN:
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("%s: lease " INT64_FORMAT "%s is no longer held: the flow was cancelled or has closed",
+							function, lease, flow)));
+			break;
+	}
+}
+
+/*
+ * Only a role with the privileges of a step's flow's owner may answer the
+ * step or extend its lease (as only such a role may claim it).
+ */
+static void
+CheckMayAnswer(int64 lease, const char *function)
+{
+	LeaseInfo	info;
+	LeaseEnd	why = LeaseLookup(lease, &info);
+
+	LeaseNotHeld(lease, why, &info, function);
+	if (!has_privs_of_role(GetUserId(), info.owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%s: permission denied for the step of flow " INT64_FORMAT,
+						function, info.key.flow_id),
+				 errdetail("Only a role with the privileges of the flow's owner may answer its steps or extend their leases.")));
+}
+
+/* Kept statements. */
+static SPIPlanPtr FlowStatusPlan = NULL;
+static SPIPlanPtr InsertAnswerPlan = NULL;
+
+/*
+ * Records an answer for a held lease in the caller's transaction: the
+ * answer's row, and a note to the flow's worker at commit.  status is
+ * 'completed' (with changes) or 'failed' (with error and retryable).
+ */
+static void
+Answer(int64 lease, const char *status, Jsonb *changes, Jsonb *error, bool retryable,
+	   const char *function)
+{
+	Oid			types[10] = {INT8OID, INT4OID, INT4OID, INT4OID, TEXTOID, JSONBOID, JSONBOID,
+		BOOLOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			idtype[1] = {INT8OID};
+	LeaseInfo	info;
+	LeaseEnd	why;
+	SavedUser	saved;
+	char	   *flow_status;
+
+	CheckNotStandby(function);
+
+	/*
+	 * The lease is fenced by this (sub)transaction's id: a savepoint rolled
+	 * back gives it back, as the whole transaction's rollback does.
+	 */
+	CheckMayAnswer(lease, function);
+	why = LeaseBeginAnswer(lease, GetCurrentTransactionId(), &info);
+	LeaseNotHeld(lease, why, &info, function);
+
+	Connect();
+	saved = BecomeOwner();
+	args[0] = Int64GetDatum(info.key.flow_id);
+	if (FlowStatusPlan == NULL)
+		FlowStatusPlan = PrepareKept("SELECT status FROM dwarf.flow WHERE id = $1", 1, idtype);
+	if (SPI_execute_plan(FlowStatusPlan, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, info.key.flow_id);
+	flow_status = SPI_processed ?
+		SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1) : "gone";
+	if (strcmp(flow_status, "running") != 0 && strcmp(flow_status, "interrupted") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s: flow " INT64_FORMAT " is %s", function, info.key.flow_id, flow_status),
+				 errdetail("A step of a flow that closed or was cancelled takes no answer.")));
+
+	args[1] = Int32GetDatum(info.key.token_id);
+	args[2] = Int32GetDatum(info.visits);
+	args[3] = Int32GetDatum(info.attempt);
+	args[4] = CStringGetTextDatum(status);
+	if (changes)
+		args[5] = JsonbPGetDatum(changes);
+	else
+		nulls[5] = 'n';
+	if (error)
+		args[6] = JsonbPGetDatum(error);
+	else
+		nulls[6] = 'n';
+	args[7] = BoolGetDatum(retryable);
+	args[8] = TimestampTzGetDatum(info.leased_at);
+	args[9] = TimestampTzGetDatum(GetCurrentTimestamp());
+	if (InsertAnswerPlan == NULL)
+		InsertAnswerPlan = PrepareKept("INSERT INTO dwarf.answer (flow_id, token, visits, attempt,"
+									   " status, changes, error, retryable, started_at, finished_at)"
+									   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+									   10, types);
+	if (SPI_execute_plan(InsertAnswerPlan, args, nulls, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "dwarf: could not record the answer of flow " INT64_FORMAT, info.key.flow_id);
+	RestoreUser(saved);
+	SPI_finish();
+	WakeOwnerOnCommit(info.key.flow_id);	/* it takes the answer (offers.c) */
+}
+
+DWARF_FUNCTION(dwarf_complete);
+
+/*
+ * dwarf.complete(lease, changes): the step of a held lease is done, with
+ * changes (a JSON object, or NULL for none), once the caller's transaction
+ * commits; what else that transaction wrote commits with it, exactly once.
+ */
+Datum
+dwarf_complete(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *changes = NULL;
+
+	CheckNotNull(fcinfo, 0, "lease");
+	if (!PG_ARGISNULL(1))
+	{
+		changes = PG_GETARG_JSONB_P(1);
+		if (!JsonbIsObject(changes))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("dwarf.complete: changes must be a JSON object or NULL")));
+	}
+	Answer(PG_GETARG_INT64(0), "completed", changes, NULL, true, "dwarf.complete");
+	PG_RETURN_VOID();
+}
+
+DWARF_FUNCTION(dwarf_fail);
+
+/*
+ * dwarf.fail(lease, error, retryable): the attempt of a held lease failed
+ * with error.  The task's retry policy decides what follows (a retryable
+ * failure only): another attempt after its backoff, or the step fails (its
+ * on_error edges, or the flow fails).
+ */
+Datum
+dwarf_fail(PG_FUNCTION_ARGS)
+{
+	const char *keys[3] = {"message", "retryable", "task"};
+	JsonbValue	values[3];
+	char	   *message;
+	bool		retryable = PG_ARGISNULL(2) ? true : PG_GETARG_BOOL(2);
+
+	CheckNotNull(fcinfo, 0, "lease");
+	message = PG_ARGISNULL(1) ? "failed" : text_to_cstring(PG_GETARG_TEXT_PP(1));
+	values[0].type = jbvString;
+	values[0].val.string.val = message;
+	values[0].val.string.len = strlen(message);
+	values[1].type = jbvBool;
+	values[1].val.boolean = retryable;
+	values[2].type = jbvNull;	/* the worker names the task */
+	Answer(PG_GETARG_INT64(0), "failed", NULL,
+		   JsonbWithKeys(JsonbEmptyObject(), 2, keys, values), retryable, "dwarf.fail");
+	PG_RETURN_VOID();
+}
+
+DWARF_FUNCTION(dwarf_extend);
+
+/*
+ * dwarf.extend(lease, lease_for): the heartbeat of a long step; the lease
+ * now ends lease_for from now.  Returns that end.
+ */
+Datum
+dwarf_extend(PG_FUNCTION_ARGS)
+{
+	int64		lease;
+	int64		us;
+	LeaseInfo	info;
+	LeaseEnd	why;
+
+	CheckNotNull(fcinfo, 0, "lease");
+	CheckNotNull(fcinfo, 1, "lease_for");
+	lease = PG_GETARG_INT64(0);
+	us = IntervalMicros(PG_GETARG_INTERVAL_P(1), "lease_for");
+	if (us <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dwarf.extend: lease_for must be longer than zero")));
+	CheckMayAnswer(lease, "dwarf.extend");
+	why = LeaseExtend(lease, us, &info);
+	LeaseNotHeld(lease, why, &info, "dwarf.extend");
+	PG_RETURN_TIMESTAMPTZ(info.lease_until);
+}

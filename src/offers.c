@@ -1,0 +1,821 @@
+/*
+ * offers.c
+ *		Steps of external tasks, offered in shared memory to the workers
+ *		outside the server that dwarf.claim serves.
+ *
+ * A flow's worker publishes a step of an external task once the commit
+ * that led to it is durable: the step's key (database, flow, branch), the
+ * branch's visit and attempt, the flow's owner, and the step's input state
+ * and baggage, kept in a dynamic shared area (DSA).  A claim leases ready
+ * steps of a queue, first offered first, writing nothing: the lease lives
+ * here only, so a claim needs no commit, and one lost in a crash only means
+ * the step is offered again.  A complete or fail marks the lease answering
+ * with its transaction id before it writes the answer's row, so that the
+ * lease cannot run out under an answer being committed, and a second
+ * answer is refused: the lease is fenced while the first one's transaction
+ * is in progress, and ended once it committed.  The flow's worker sweeps
+ * its offers: a lease run out becomes a failed attempt (the worker records
+ * it), an answer rolled back gives the lease back.
+ *
+ * Leases are numbers drawn from a counter that starts, at every start of
+ * the server, at a random point of 2^62: a lease of before a restart is
+ * unknown after it (a collision would take billions of claims).  A lease
+ * that ended is remembered for DWARF_LEASE_MEMORY_MS, so that a late
+ * complete hears why it is refused.
+ *
+ * One LWLock guards it all; what it covers is short (hash lookups, list
+ * moves, copying one step's input out).
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "lib/ilist.h"
+#include "miscadmin.h"
+#include "port/pg_bitutils.h"
+#include "storage/condition_variable.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/procarray.h"
+#include "storage/shmem.h"
+#include "utils/dsa.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/wait_event.h"
+
+#include "dwarf.h"
+#include "offers.h"
+#include "shmem.h"
+
+/* How long a lease that ended is remembered, for the errors of late answers. */
+#define DWARF_LEASE_MEMORY_MS	(10 * 60 * 1000)
+
+/* The first part of the shared area, in the main shared memory. */
+#define DWARF_OFFER_AREA_SIZE	(1024 * 1024)
+
+/* Sweeps (a second apart) an offer's flow may be out of memory before it is withdrawn. */
+#define DWARF_ABSENT_SWEEPS	10
+
+/* Most queues a server keeps at once (claims wait on them). */
+#define DWARF_MAX_QUEUES	1024
+
+typedef struct OfferQueueKey
+{
+	Oid			dboid;
+	char		name[NAMEDATALEN];
+} OfferQueueKey;
+
+/* A queue: its ready steps, oldest first, and the claims waiting on it. */
+typedef struct OfferQueue
+{
+	OfferQueueKey key;
+	dlist_head	ready;
+	ConditionVariable cv;
+} OfferQueue;
+
+/* An offered step. */
+typedef struct Offer
+{
+	OfferKey	key;
+	OfferState	state;
+	int32		visits;
+	int32		attempt;
+	Oid			owner;
+	int32		priority;
+	OfferQueue *queue;
+	char		graph[NAMEDATALEN];
+	char		task[NAMEDATALEN];
+	int64		lease_us;
+	dsa_pointer data;			/* input, then baggage (flat jsonb each) */
+	Size		input_len;
+	Size		baggage_len;	/* 0: none */
+	dlist_node	in_queue;		/* while ready */
+	int64		lease;			/* while leased, answering or expired */
+	TimestampTz leased_at;
+	TimestampTz lease_until;
+	TransactionId xid;			/* while answering */
+	int			absent;			/* sweeps that found its flow out of memory */
+	dlist_node	in_answered;	/* while on OffersShared.answered */
+	bool		on_answered;
+} Offer;
+
+/* A lease, held or ended. */
+typedef struct Lease
+{
+	int64		lease;
+	OfferKey	key;
+	LeaseEnd	end;			/* LEASE_HELD while its offer holds it */
+	TimestampTz ended_at;
+} Lease;
+
+typedef struct OffersShared
+{
+	LWLock	   *lock;
+	int			area_tranche;
+	uint64		next_lease;
+	Size		bytes;			/* of inputs and baggage in the area */
+	dlist_head	answered;		/* offers being answered, for their workers to
+								 * take once the answer committed */
+	volatile int nanswered;		/* how many: read unlocked, as a hint */
+	char		area[FLEXIBLE_ARRAY_MEMBER];	/* DWARF_OFFER_AREA_SIZE */
+} OffersShared;
+
+static OffersShared *Offers = NULL;
+static HTAB *OfferTable = NULL;
+static HTAB *LeaseTable = NULL;
+static HTAB *QueueTable = NULL;
+static dsa_area *Area = NULL;
+
+/* Has this process offers to sweep (it offered, or its last sweep found some)? */
+static bool OwnOffers = false;
+
+static int
+MaxLeases(void)
+{
+	return dwarf_max_external_steps * 4;
+}
+
+static Size
+OffersSize(void)
+{
+	Size		size = MAXALIGN(offsetof(OffersShared, area) + DWARF_OFFER_AREA_SIZE);
+
+	size = add_size(size, hash_estimate_size(dwarf_max_external_steps, sizeof(Offer)));
+	size = add_size(size, hash_estimate_size(MaxLeases(), sizeof(Lease)));
+	size = add_size(size, hash_estimate_size(DWARF_MAX_QUEUES, sizeof(OfferQueue)));
+	return size;
+}
+
+/* shmem_request_hook's part: the tables and the lock. */
+void
+OffersShmemRequest(void)
+{
+	RequestAddinShmemSpace(OffersSize());
+	RequestNamedLWLockTranche("dwarf offers", 1);
+}
+
+/* shmem_startup_hook's part: lays the tables out, and the shared area. */
+void
+OffersShmemStartup(void)
+{
+	bool		found;
+	HASHCTL		ctl;
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	Offers = ShmemInitStruct("dwarf offers",
+							 MAXALIGN(offsetof(OffersShared, area) + DWARF_OFFER_AREA_SIZE),
+							 &found);
+	if (!found)
+	{
+		dsa_area   *area;
+		uint64		start;
+
+		Offers->lock = &(GetNamedLWLockTranche("dwarf offers"))->lock;
+		Offers->area_tranche = LWLockNewTrancheId();
+		if (!pg_strong_random(&start, sizeof(start)))
+			start = (uint64) GetCurrentTimestamp();
+		Offers->next_lease = (start & ((UINT64CONST(1) << 62) - 1)) + 1;
+		Offers->bytes = 0;
+		dlist_init(&Offers->answered);
+		Offers->nanswered = 0;
+		area = dsa_create_in_place(Offers->area, DWARF_OFFER_AREA_SIZE,
+								   Offers->area_tranche, NULL);
+		dsa_pin(area);
+		dsa_detach(area);
+	}
+	ctl.keysize = sizeof(OfferKey);
+	ctl.entrysize = sizeof(Offer);
+	OfferTable = ShmemInitHash("dwarf offered steps", dwarf_max_external_steps,
+							   dwarf_max_external_steps, &ctl, HASH_ELEM | HASH_BLOBS);
+	ctl.keysize = sizeof(int64);
+	ctl.entrysize = sizeof(Lease);
+	LeaseTable = ShmemInitHash("dwarf leases", MaxLeases(), MaxLeases(), &ctl,
+							   HASH_ELEM | HASH_BLOBS);
+	ctl.keysize = sizeof(OfferQueueKey);
+	ctl.entrysize = sizeof(OfferQueue);
+	QueueTable = ShmemInitHash("dwarf offer queues", DWARF_MAX_QUEUES, DWARF_MAX_QUEUES,
+							   &ctl, HASH_ELEM | HASH_BLOBS);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* The shared area, attached once per process. */
+static dsa_area *
+OfferArea(void)
+{
+	if (Area == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		LWLockRegisterTranche(Offers->area_tranche, "dwarf offer inputs");
+		Area = dsa_attach_in_place(Offers->area, NULL);
+		dsa_pin_mapping(Area);
+		MemoryContextSwitchTo(old);
+	}
+	return Area;
+}
+
+/* A queue of this database, made on first use (NULL: too many queues). */
+static OfferQueue *
+FindQueue(const char *name, bool create)
+{
+	OfferQueueKey key;
+	OfferQueue *queue;
+	bool		found;
+
+	memset(&key, 0, sizeof(key));
+	key.dboid = MyDatabaseId;
+	strlcpy(key.name, name, NAMEDATALEN);
+	queue = hash_search(QueueTable, &key, create ? HASH_ENTER_NULL : HASH_FIND, &found);
+	if (queue && !found)
+	{
+		dlist_init(&queue->ready);
+		ConditionVariableInit(&queue->cv);
+	}
+	return queue;
+}
+
+/* Ends an offer's lease, if it has one: remembered as why. */
+static void
+EndLease(Offer *offer, LeaseEnd why)
+{
+	Lease	   *lease;
+
+	if (offer->lease == 0)
+		return;
+	lease = hash_search(LeaseTable, &offer->lease, HASH_FIND, NULL);
+	if (lease)
+	{
+		lease->end = why;
+		lease->ended_at = GetCurrentTimestamp();
+	}
+	offer->lease = 0;
+}
+
+/* Frees what an offer keeps in the shared area. */
+static void
+FreeData(Offer *offer)
+{
+	if (DsaPointerIsValid(offer->data))
+	{
+		dsa_free(OfferArea(), offer->data);
+		Offers->bytes -= offer->input_len + offer->baggage_len;
+		offer->data = InvalidDsaPointer;
+	}
+}
+
+/* Removes an offer (under the lock, exclusive). */
+static void
+RemoveOffer(Offer *offer, LeaseEnd why)
+{
+	if (offer->state == OFFER_READY)
+		dlist_delete(&offer->in_queue);
+	if (offer->on_answered)
+	{
+		dlist_delete(&offer->in_answered);
+		offer->on_answered = false;
+		Offers->nanswered--;
+	}
+	EndLease(offer, why);
+	FreeData(offer);
+	hash_search(OfferTable, &offer->key, HASH_REMOVE, NULL);
+}
+
+/*
+ * Offers a step, or leaves the offer of the same step (visit and attempt)
+ * as it stands: a worker that loads a flow again offers its steps again,
+ * and a lease taken meanwhile must hold.  An offer of an earlier visit or
+ * attempt of the branch is replaced.  Returns false when the step cannot be
+ * offered now: dwarf.max_external_steps steps are offered, or their inputs
+ * fill dwarf.external_memory.
+ */
+bool
+OfferPublish(const OfferSpec *spec)
+{
+	dsa_area   *area = OfferArea();
+	Size		input_len = VARSIZE(spec->input);
+	Size		baggage_len = spec->baggage ? VARSIZE(spec->baggage) : 0;
+	Offer	   *offer;
+	OfferQueue *queue;
+	bool		found;
+	dsa_pointer data;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	offer = hash_search(OfferTable, &spec->key, HASH_FIND, NULL);
+	if (offer && offer->visits == spec->visits && offer->attempt == spec->attempt &&
+		offer->state != OFFER_EXPIRED)
+	{
+		LWLockRelease(Offers->lock);
+		return true;
+	}
+	if (offer)
+		RemoveOffer(offer, offer->state == OFFER_ANSWERING ? LEASE_ANSWERED : LEASE_EXPIRED);
+	queue = FindQueue(spec->queue, true);
+	if (queue == NULL ||
+		Offers->bytes + input_len + baggage_len > (Size) dwarf_external_memory * 1024)
+	{
+		LWLockRelease(Offers->lock);
+		return false;
+	}
+	data = dsa_allocate_extended(area, input_len + baggage_len, DSA_ALLOC_NO_OOM | DSA_ALLOC_HUGE);
+	if (!DsaPointerIsValid(data))
+	{
+		LWLockRelease(Offers->lock);
+		return false;
+	}
+	offer = hash_search(OfferTable, &spec->key, HASH_ENTER_NULL, &found);
+	if (offer == NULL)
+	{
+		dsa_free(area, data);
+		LWLockRelease(Offers->lock);
+		return false;
+	}
+	offer->state = OFFER_READY;
+	offer->visits = spec->visits;
+	offer->attempt = spec->attempt;
+	offer->owner = spec->owner;
+	offer->priority = spec->priority;
+	offer->queue = queue;
+	strlcpy(offer->graph, spec->graph, NAMEDATALEN);
+	strlcpy(offer->task, spec->task, NAMEDATALEN);
+	offer->lease_us = spec->lease_us;
+	offer->data = data;
+	offer->input_len = input_len;
+	offer->baggage_len = baggage_len;
+	memcpy(dsa_get_address(area, data), spec->input, input_len);
+	if (baggage_len)
+		memcpy((char *) dsa_get_address(area, data) + input_len, spec->baggage, baggage_len);
+	Offers->bytes += input_len + baggage_len;
+	offer->lease = 0;
+	offer->xid = InvalidTransactionId;
+	offer->absent = 0;
+	offer->on_answered = false;
+	dlist_push_tail(&queue->ready, &offer->in_queue);
+	LWLockRelease(Offers->lock);
+	OwnOffers = true;			/* for the worker's sweeps, until one finds none */
+	ConditionVariableBroadcast(&queue->cv);
+	return true;
+}
+
+/* Withdraws the offer of a step (its flow closed, or the step moved on). */
+void
+OfferWithdraw(const OfferKey *key, LeaseEnd why)
+{
+	Offer	   *offer;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	offer = hash_search(OfferTable, key, HASH_FIND, NULL);
+	if (offer)
+		RemoveOffer(offer, why);
+	LWLockRelease(Offers->lock);
+}
+
+/*
+ * Withdraws every offer of a flow that closed or was cancelled.  A scan of
+ * all offers: for the rare flow that closes with steps still offered.
+ */
+int
+OfferWithdrawFlow(Oid dboid, int64 flow_id)
+{
+	HASH_SEQ_STATUS seq;
+	Offer	   *offer;
+	int			n = 0;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	hash_seq_init(&seq, OfferTable);
+	while ((offer = hash_seq_search(&seq)) != NULL)
+		if (offer->key.dboid == dboid && offer->key.flow_id == flow_id)
+		{
+			RemoveOffer(offer, LEASE_WITHDRAWN);
+			n++;
+		}
+	LWLockRelease(Offers->lock);
+	return n;
+}
+
+/*
+ * Is this step's offer answered, by a transaction that committed?  Its
+ * worker then waits for the answer's note rather than offering it again.
+ */
+bool
+OfferAnswered(const OfferKey *key, int32 visits, int32 attempt)
+{
+	Offer	   *offer;
+	bool		answered = false;
+
+	LWLockAcquire(Offers->lock, LW_SHARED);
+	offer = hash_search(OfferTable, key, HASH_FIND, NULL);
+	if (offer && offer->visits == visits && offer->attempt == attempt &&
+		offer->state == OFFER_ANSWERING)
+		answered = TransactionIdDidCommit(offer->xid);
+	LWLockRelease(Offers->lock);
+	return answered;
+}
+
+/*
+ * A worker's sweep of its offers (those of its database whose flows it
+ * owns): leases run out become OFFER_EXPIRED and are returned
+ * (ExpiredLeases, for the worker to record the failed attempts); answers
+ * whose transaction rolled back give the lease back; leases ended long ago
+ * are forgotten.  An offer whose flow the worker has not held (held) for
+ * DWARF_ABSENT_SWEEPS sweeps in a row is withdrawn: its flow closed or was
+ * cancelled while out of memory (a flow with offered steps is not evicted).
+ * *next_due is the soonest lease end to come (0: none).
+ */
+List *
+OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
+			TimestampTz *next_due)
+{
+	HASH_SEQ_STATUS seq;
+	Offer	   *offer;
+	Lease	   *lease;
+	List	   *expired = NIL;
+
+	*next_due = 0;
+	OwnOffers = false;
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	hash_seq_init(&seq, OfferTable);
+	while ((offer = hash_seq_search(&seq)) != NULL)
+	{
+		if (offer->key.dboid != MyDatabaseId || DwarfWorkerOf(offer->key.flow_id) != worker_index)
+			continue;
+		OwnOffers = true;
+		if (offer->state == OFFER_ANSWERING &&
+			!TransactionIdIsInProgress(offer->xid) && !TransactionIdDidCommit(offer->xid))
+		{
+			offer->state = OFFER_LEASED;	/* the answer rolled back */
+			offer->xid = InvalidTransactionId;
+		}
+		if (held(offer->key.flow_id))
+			offer->absent = 0;
+		else if (offer->state != OFFER_ANSWERING && ++offer->absent >= DWARF_ABSENT_SWEEPS)
+		{
+			RemoveOffer(offer, LEASE_WITHDRAWN);
+			continue;
+		}
+		if (offer->state != OFFER_LEASED)
+			continue;
+		if (offer->lease_until <= now)
+		{
+			ExpiredLease *e = palloc(sizeof(ExpiredLease));
+
+			e->key = offer->key;
+			e->visits = offer->visits;
+			e->attempt = offer->attempt;
+			e->leased_at = offer->leased_at;
+			e->lease_until = offer->lease_until;
+			expired = lappend(expired, e);
+			offer->state = OFFER_EXPIRED;
+			EndLease(offer, LEASE_EXPIRED);
+		}
+		else if (*next_due == 0 || offer->lease_until < *next_due)
+			*next_due = offer->lease_until;
+	}
+	hash_seq_init(&seq, LeaseTable);
+	while ((lease = hash_seq_search(&seq)) != NULL)
+		if (lease->end != LEASE_HELD && lease->key.dboid == MyDatabaseId &&
+			DwarfWorkerOf(lease->key.flow_id) == worker_index &&
+			lease->ended_at + (TimestampTz) DWARF_LEASE_MEMORY_MS * 1000 < now)
+			hash_search(LeaseTable, &lease->lease, HASH_REMOVE, NULL);
+	LWLockRelease(Offers->lock);
+	return expired;
+}
+
+/* Has this worker offers to sweep (as its last sweep found)? */
+bool
+OffersPending(void)
+{
+	return OwnOffers;
+}
+
+/* Is role one of owners? */
+static bool
+OwnerIn(Oid role, Oid *owners, int nowners)
+{
+	int			i;
+
+	for (i = 0; i < nowners; i++)
+		if (owners[i] == role)
+			return true;
+	return false;
+}
+
+/*
+ * Leases up to max ready steps of queue, first offered first, of flows
+ * owned by one of owners (any_owner: anyone's), for lease_us (0: each
+ * task's own lease).  Steps of other owners are skipped; the owners not in
+ * owners that were met are returned in *seen (palloc'd), for the caller to
+ * check and claim again with.  Returns ClaimedSteps, their inputs copied.
+ */
+List *
+OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int nowners,
+			bool any_owner, Oid **seen, int *nseen)
+{
+	dsa_area   *area = OfferArea();
+	OfferQueue *queue;
+	dlist_mutable_iter iter;
+	List	   *claimed = NIL;
+	TimestampTz now = GetCurrentTimestamp();
+	int			seen_size = 8;
+
+	*seen = palloc(sizeof(Oid) * seen_size);
+	*nseen = 0;
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	queue = FindQueue(queue_name, false);
+	if (queue == NULL)
+	{
+		LWLockRelease(Offers->lock);
+		return NIL;
+	}
+	dlist_foreach_modify(iter, &queue->ready)
+	{
+		Offer	   *offer = dlist_container(Offer, in_queue, iter.cur);
+		ClaimedStep *step;
+		Lease	   *lease;
+		bool		found;
+		char	   *data;
+
+		if (list_length(claimed) >= max)
+			break;
+		if (!any_owner && !OwnerIn(offer->owner, owners, nowners))
+		{
+			if (!OwnerIn(offer->owner, *seen, *nseen))
+			{
+				if (*nseen == seen_size)
+				{
+					seen_size *= 2;
+					*seen = repalloc(*seen, sizeof(Oid) * seen_size);
+				}
+				(*seen)[(*nseen)++] = offer->owner;
+			}
+			continue;
+		}
+		lease = NULL;
+		while (lease == NULL)
+		{
+			int64		id = (int64) (Offers->next_lease++ & ((UINT64CONST(1) << 62) - 1));
+
+			if (id == 0)
+				continue;
+			lease = hash_search(LeaseTable, &id, HASH_ENTER_NULL, &found);
+			if (lease == NULL)
+				break;			/* full: leases ended lately are remembered */
+			if (found)
+				lease = NULL;
+		}
+		if (lease == NULL)
+			break;
+		lease->key = offer->key;
+		lease->end = LEASE_HELD;
+		lease->ended_at = 0;
+
+		dlist_delete(&offer->in_queue);
+		offer->state = OFFER_LEASED;
+		offer->lease = lease->lease;
+		offer->leased_at = now;
+		offer->lease_until = now + (lease_us > 0 ? lease_us : offer->lease_us);
+
+		step = palloc(sizeof(ClaimedStep));
+		step->lease = offer->lease;
+		step->key = offer->key;
+		step->visits = offer->visits;
+		step->attempt = offer->attempt;
+		memcpy(step->graph, offer->graph, NAMEDATALEN);
+		memcpy(step->task, offer->task, NAMEDATALEN);
+		step->lease_until = offer->lease_until;
+		data = dsa_get_address(area, offer->data);
+		step->input = palloc(offer->input_len);
+		memcpy(step->input, data, offer->input_len);
+		step->baggage = NULL;
+		if (offer->baggage_len)
+		{
+			step->baggage = palloc(offer->baggage_len);
+			memcpy(step->baggage, data + offer->input_len, offer->baggage_len);
+		}
+		claimed = lappend(claimed, step);
+	}
+	LWLockRelease(Offers->lock);
+	return claimed;
+}
+
+/* The queue a claim sleeps on, while it does. */
+static ConditionVariable *Sleeping = NULL;
+
+/*
+ * Waits until a step is offered on queue, or until until: true when woken
+ * by an offer (the caller claims again), false at until.  A wake-up, not a
+ * poll: the worker that offers broadcasts on the queue's condition variable.
+ * The first call prepares the sleep and returns true at once, so that the
+ * caller claims again with no offer lost between its claim and its sleep.
+ */
+bool
+OffersWait(const char *queue_name, TimestampTz until)
+{
+	OfferQueue *queue;
+	long		ms;
+
+	if (Sleeping == NULL)
+	{
+		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+		queue = FindQueue(queue_name, true);
+		LWLockRelease(Offers->lock);
+		if (queue == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("too many queues of external tasks to wait on queue \"%s\"", queue_name),
+					 errdetail("A server keeps at most %d queues.", DWARF_MAX_QUEUES)));
+		Sleeping = &queue->cv;
+		ConditionVariablePrepareToSleep(Sleeping);
+		return true;
+	}
+	ms = (long) ((until - GetCurrentTimestamp() + 999) / 1000);
+	if (ms <= 0)
+		return false;
+	return !ConditionVariableTimedSleep(Sleeping, ms, PG_WAIT_EXTENSION);
+}
+
+/* Ends a claim's wait (done, or an error). */
+void
+OffersCancelWait(void)
+{
+	if (Sleeping)
+		ConditionVariableCancelSleep();
+	Sleeping = NULL;
+}
+
+/* Fills info from an offer. */
+static void
+FillInfo(Offer *offer, LeaseInfo *info)
+{
+	info->key = offer->key;
+	info->visits = offer->visits;
+	info->attempt = offer->attempt;
+	info->owner = offer->owner;
+	memcpy(info->task, offer->task, NAMEDATALEN);
+	info->leased_at = offer->leased_at;
+	info->lease_until = offer->lease_until;
+}
+
+/*
+ * Finds a lease's offer while the lease is held (under the lock); else
+ * NULL with why it is not: ended (how), answering in another transaction,
+ * or past its end (not swept yet).
+ */
+static Offer *
+HeldOffer(int64 id, TransactionId xid, LeaseEnd *why, LeaseInfo *info)
+{
+	Lease	   *lease = hash_search(LeaseTable, &id, HASH_FIND, NULL);
+	Offer	   *offer;
+
+	memset(info, 0, sizeof(LeaseInfo));
+	if (lease == NULL)
+	{
+		*why = LEASE_UNKNOWN;
+		return NULL;
+	}
+	info->key = lease->key;
+	info->lease_until = lease->ended_at;
+	if (lease->end != LEASE_HELD)
+	{
+		*why = lease->end;
+		return NULL;
+	}
+	offer = hash_search(OfferTable, &lease->key, HASH_FIND, NULL);
+	if (offer == NULL || offer->lease != id)
+	{
+		*why = LEASE_WITHDRAWN;
+		return NULL;
+	}
+	FillInfo(offer, info);
+	if (offer->state == OFFER_ANSWERING)
+	{
+		if (TransactionIdIsInProgress(offer->xid))
+		{
+			*why = offer->xid == xid ? LEASE_ANSWERED : LEASE_BUSY;
+			return NULL;
+		}
+		if (TransactionIdDidCommit(offer->xid))
+		{
+			*why = LEASE_ANSWERED;
+			return NULL;
+		}
+		offer->state = OFFER_LEASED;	/* that answer rolled back */
+		offer->xid = InvalidTransactionId;
+	}
+	if (offer->lease_until <= GetCurrentTimestamp())
+	{
+		*why = LEASE_EXPIRED;
+		return NULL;
+	}
+	*why = LEASE_HELD;
+	return offer;
+}
+
+/*
+ * complete and fail: marks a held lease answering by transaction xid (the
+ * caller's current one, a subtransaction's included, so that a rolled-back
+ * savepoint gives the lease back).  LEASE_HELD and info on success; else
+ * why the lease is not held, with what is known of it in info.
+ */
+LeaseEnd
+LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info)
+{
+	LeaseEnd	why;
+	Offer	   *offer;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	offer = HeldOffer(lease, xid, &why, info);
+	if (offer)
+	{
+		offer->state = OFFER_ANSWERING;
+		offer->xid = xid;
+		if (!offer->on_answered)
+		{
+			dlist_push_tail(&Offers->answered, &offer->in_answered);
+			offer->on_answered = true;
+			Offers->nanswered++;
+		}
+	}
+	LWLockRelease(Offers->lock);
+	return why;
+}
+
+/* May an answer wait for a worker to take it (OffersTakeAnswered)? */
+bool
+OffersAnsweredPending(void)
+{
+	return Offers->nanswered > 0;
+}
+
+/*
+ * Takes the answered steps of a worker's flows (worker_index of this
+ * database) whose answer has committed, as AnsweredSteps; its worker
+ * hands each to its branch.  An answer rolled back gives its lease back;
+ * one in progress stays for a later call.  Committed means visible: the
+ * answering transaction has left the proc array too, so a snapshot taken
+ * from now on sees the answer's row.
+ */
+List *
+OffersTakeAnswered(int worker_index)
+{
+	dlist_mutable_iter iter;
+	List	   *taken = NIL;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	dlist_foreach_modify(iter, &Offers->answered)
+	{
+		Offer	   *offer = dlist_container(Offer, in_answered, iter.cur);
+		AnsweredStep *step;
+
+		if (offer->key.dboid != MyDatabaseId || DwarfWorkerOf(offer->key.flow_id) != worker_index)
+			continue;
+		if (offer->state == OFFER_ANSWERING && TransactionIdIsInProgress(offer->xid))
+			continue;
+		dlist_delete(&offer->in_answered);
+		offer->on_answered = false;
+		Offers->nanswered--;
+		if (offer->state != OFFER_ANSWERING)
+			continue;
+		if (!TransactionIdDidCommit(offer->xid))
+		{
+			offer->state = OFFER_LEASED;	/* the answer rolled back */
+			offer->xid = InvalidTransactionId;
+			continue;
+		}
+		step = palloc(sizeof(AnsweredStep));
+		step->key = offer->key;
+		step->visits = offer->visits;
+		step->attempt = offer->attempt;
+		taken = lappend(taken, step);
+	}
+	LWLockRelease(Offers->lock);
+	return taken;
+}
+
+/* Looks a lease up: LEASE_HELD and info, or why it is not held. */
+LeaseEnd
+LeaseLookup(int64 lease, LeaseInfo *info)
+{
+	LeaseEnd	why;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	(void) HeldOffer(lease, GetCurrentTransactionIdIfAny(), &why, info);
+	LWLockRelease(Offers->lock);
+	return why;
+}
+
+/* extend: a held lease now ends us from now.  As LeaseBeginAnswer. */
+LeaseEnd
+LeaseExtend(int64 lease, int64 us, LeaseInfo *info)
+{
+	LeaseEnd	why;
+	Offer	   *offer;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	offer = HeldOffer(lease, InvalidTransactionId, &why, info);
+	if (offer)
+	{
+		offer->lease_until = GetCurrentTimestamp() + us;
+		info->lease_until = offer->lease_until;
+	}
+	LWLockRelease(Offers->lock);
+	return why;
+}

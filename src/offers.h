@@ -1,0 +1,131 @@
+/*
+ * offers.h
+ *		Steps of external tasks offered to workers outside the server
+ *		(offers.c): published by the flow's worker, leased by dwarf.claim,
+ *		answered by dwarf.complete and dwarf.fail.  Shared memory only:
+ *		nothing here is the truth, and a server restart offers every such
+ *		step again.
+ */
+#ifndef DWARF_OFFERS_H
+#define DWARF_OFFERS_H
+
+#include "access/transam.h"
+#include "nodes/pg_list.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "dwarf.h"
+
+/* A step waiting at an external task: its flow's branch (token), by database. */
+typedef struct OfferKey
+{
+	Oid			dboid;
+	int32		token_id;
+	int64		flow_id;
+} OfferKey;
+
+/* Where an offered step stands. */
+typedef enum OfferState
+{
+	OFFER_READY = 1,			/* claimable */
+	OFFER_LEASED,				/* claimed, until lease_until */
+	OFFER_ANSWERING,			/* a transaction (xid) completes or fails it */
+	OFFER_EXPIRED				/* its lease ran out; its worker records the
+								 * failed attempt, then offers the next */
+} OfferState;
+
+/* What a worker offers: one step of an external task. */
+typedef struct OfferSpec
+{
+	OfferKey	key;
+	int32		visits;			/* the branch's steps before this one */
+	int32		attempt;
+	Oid			owner;			/* the flow's owner: who may claim it */
+	int32		priority;
+	const char *queue;
+	const char *graph;
+	const char *task;
+	int64		lease_us;		/* the task's lease, when a claim names none */
+	Jsonb	   *input;			/* the step's state */
+	Jsonb	   *baggage;		/* or NULL */
+} OfferSpec;
+
+/* A step dwarf.claim took. */
+typedef struct ClaimedStep
+{
+	int64		lease;
+	OfferKey	key;
+	int32		visits;
+	int32		attempt;
+	char		graph[NAMEDATALEN];
+	char		task[NAMEDATALEN];
+	Jsonb	   *input;
+	Jsonb	   *baggage;		/* or NULL */
+	TimestampTz lease_until;
+} ClaimedStep;
+
+/* Why a lease is no longer held, for complete/fail/extend's errors. */
+typedef enum LeaseEnd
+{
+	LEASE_HELD = 0,
+	LEASE_UNKNOWN,				/* never seen: from before a restart, or made up */
+	LEASE_EXPIRED,				/* it ran out (the step was or will be offered again) */
+	LEASE_ANSWERED,				/* completed or failed (committed) */
+	LEASE_BUSY,					/* another transaction is completing or failing it */
+	LEASE_WITHDRAWN				/* the flow closed or was cancelled */
+} LeaseEnd;
+
+/* A held lease, as complete and fail see it. */
+typedef struct LeaseInfo
+{
+	OfferKey	key;
+	int32		visits;
+	int32		attempt;
+	Oid			owner;
+	char		task[NAMEDATALEN];
+	TimestampTz leased_at;
+	TimestampTz lease_until;	/* or when it ended */
+} LeaseInfo;
+
+/* A step whose answer committed, for its worker to record. */
+typedef struct AnsweredStep
+{
+	OfferKey	key;
+	int32		visits;
+	int32		attempt;
+} AnsweredStep;
+
+/* A lease a worker's sweep found run out: its step's attempt failed. */
+typedef struct ExpiredLease
+{
+	OfferKey	key;
+	int32		visits;
+	int32		attempt;
+	TimestampTz leased_at;
+	TimestampTz lease_until;
+} ExpiredLease;
+
+extern void OffersShmemRequest(void);
+extern void OffersShmemStartup(void);
+
+/* the flow's worker */
+extern bool OfferPublish(const OfferSpec *spec);
+extern void OfferWithdraw(const OfferKey *key, LeaseEnd why);
+extern int	OfferWithdrawFlow(Oid dboid, int64 flow_id);
+extern List *OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
+						 TimestampTz *next_due);
+extern bool OffersPending(void);
+extern bool OffersAnsweredPending(void);
+extern List *OffersTakeAnswered(int worker_index);
+extern bool OfferAnswered(const OfferKey *key, int32 visits, int32 attempt);
+
+/* dwarf.claim, complete, fail, extend */
+extern List *OffersClaim(const char *queue, int max, int64 lease_us, Oid *owners,
+						 int nowners, bool any_owner, Oid **seen, int *nseen);
+extern bool OffersWait(const char *queue, TimestampTz until);
+extern void OffersCancelWait(void);
+extern LeaseEnd LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info);
+extern LeaseEnd LeaseLookup(int64 lease, LeaseInfo *info);
+extern LeaseEnd LeaseExtend(int64 lease, int64 us, LeaseInfo *info);
+
+#endif							/* DWARF_OFFERS_H */
