@@ -142,10 +142,10 @@ echo
 echo "Summary ($(date -u '+%F %T UTC'))"
 for s in e d a c b; do
 	lines=$(grep "^RESULT shape=$s " "$LINES") || continue
-	keys=$(head -1 <<<"$lines" | tr ' ' '\n' | sed -n 's/=.*//p' | tr '\n' ' ')
+	keys=$(head -1 <<<"$lines" | tr ' ' '\n' | sed -n 's/=.*//p' | tr '\n' ' ' | sed 's/ $//')
 	echo
-	echo "| ${keys// / | }|"
-	echo "|$(sed 's/[^ ]*/---|/g; s/ //g' <<<"$keys")"
+	echo "| ${keys// / | } |"
+	echo "|$(awk '{for (i = 1; i <= NF; i++) printf "---|"}' <<<"$keys")"
 	while read -r line; do
 		row="|"
 		for k in $keys; do
