@@ -111,6 +111,7 @@ static struct
 	double		handoff_ms;
 	bool		reference;
 	bool		fused;			/* claim and complete in one statement */
+	const char *modes;			/* shape d: which passes */
 	const char *label;
 } opt = {
 	.steps = -1, .rate = -1, .inflight = 10000, .conns = 4, .claim_max = 100,
@@ -216,6 +217,7 @@ usage(void)
 		  "  -drain S          the longest wait for the run's flows to close afterwards (steps x hold + 60)\n"
 		  "  -flows N          d: pre-created 1-step flows, batched (20000; a quarter as many of -steps)\n"
 		  "  -unbatched-flows N  d: pre-created 1-step flows, unbatched (2000)\n"
+		  "  -modes LIST       d: the passes, in order (batched,batched10,fused,unbatched,fused1)\n"
 		  "  -reference        d: also the one-row durable UPDATE rate at -conns clients, before and after\n"
 		  "  -ref-secs S       d: seconds of each reference run (10)\n"
 		  "  -samples N        e: wake-ups measured (200)\n"
@@ -306,6 +308,8 @@ parse_args(int argc, char **argv)
 			opt.samples = (int) arg_num(a, v, 1);
 		else if (!strcmp(a, "-handoff-ms"))
 			opt.handoff_ms = arg_num(a, v, 0);
+		else if (!strcmp(a, "-modes"))
+			opt.modes = v;
 		else if (!strcmp(a, "-label"))
 			opt.label = v;
 		else
@@ -1512,20 +1516,35 @@ main(int argc, char **argv)
 			break;
 		case 'd':
 			{
-				Drain		d[5];
-				int			bmax = opt.claim_max,
+				Drain		d[16];
+				int			nd = 0,
+							bmax = opt.claim_max,
 							cmax = opt.complete_max;
+				char	   *modes = strdup(opt.modes ? opt.modes : "batched,batched10,fused,unbatched,fused1"),
+						   *m,
+						   *save = NULL;
 
 				if (opt.reference)
 					printf("reference before: %.0f tps\n", ref1 = run_reference());
-				d[0] = run_drain("batched", &kinds[0], opt.flows, bmax, cmax, false);
-				d[1] = run_drain("batched", &kinds[1], opt.flows / 4, bmax, cmax, false);
-				d[2] = run_drain("fused", &kinds[0], opt.flows, bmax, bmax, true);
-				d[3] = run_drain("unbatched", &kinds[0], opt.unbatched_flows, 1, 1, false);
-				d[4] = run_drain("fused-1", &kinds[0], opt.unbatched_flows, 1, 1, true);
+				for (m = strtok_r(modes, ",", &save); m && nd < 16; m = strtok_r(NULL, ",", &save))
+				{
+					if (!strcmp(m, "batched"))
+						d[nd++] = run_drain("batched", &kinds[0], opt.flows, bmax, cmax, false);
+					else if (!strcmp(m, "batched10"))
+						d[nd++] = run_drain("batched", &kinds[1], opt.flows / 4, bmax, cmax, false);
+					else if (!strcmp(m, "fused"))
+						d[nd++] = run_drain("fused", &kinds[0], opt.flows, bmax, bmax, true);
+					else if (!strcmp(m, "unbatched"))
+						d[nd++] = run_drain("unbatched", &kinds[0], opt.unbatched_flows, 1, 1, false);
+					else if (!strcmp(m, "fused1"))
+						d[nd++] = run_drain("fused-1", &kinds[0], opt.unbatched_flows, 1, 1, true);
+					else
+						die("-modes: no pass \"%s\"", m);
+				}
+				free(modes);
 				if (opt.reference)
 					printf("reference after: %.0f tps\n", ref2 = run_reference());
-				for (int i = 0; i < 5; i++)
+				for (int i = 0; i < nd; i++)
 					drain_report(&d[i], opt.reference ? (ref1 + ref2) / 2 : 0);
 			}
 			break;
