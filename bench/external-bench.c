@@ -885,7 +885,9 @@ loop_main(void *arg)
 /*
  * The creator thread: open loop (rate > 0 per kind), create each kind's
  * flows on schedule, in one statement per kind and tick; closed loop
- * (inflight), keep that many flows open, counting those the workers finish.
+ * (inflight), keep that many flows open, counting those the workers finish,
+ * after opening them evenly over one flow's duration (all at once, they
+ * would all end at once, and a window would see bursts).
  * Records how far behind schedule it ever fell.
  */
 static double creator_lag_max;
@@ -912,7 +914,13 @@ creator_main(void *arg)
 			PGresult   *res;
 
 			if (closed)
-				due = opt.inflight - (atomic_load(&created_total) - atomic_load(&flows_done));
+			{
+				/* open the in-flight flows evenly over one flow's duration */
+				double		fill = kd->hold_ms * kd->steps / 1000;
+				double		target = now - t0 < fill ? ceil(opt.inflight * (now - t0) / fill) : opt.inflight;
+
+				due = (long long) target - (atomic_load(&created_total) - atomic_load(&flows_done));
+			}
 			else
 			{
 				due = (long long) (kd->rate * (now - t0)) - kd->created;
@@ -1016,7 +1024,8 @@ run_flows(bool closed)
 				tw1,
 				longest = 0;
 	long long	id0,
-				steps0;
+				steps0,
+				flows0;
 	Cpu			c0,
 				c1,
 				r0,
@@ -1051,6 +1060,7 @@ run_flows(bool closed)
 	c0 = server_cpu();
 	tw0 = now_s();
 	steps0 = atomic_load(&steps_done);
+	flows0 = atomic_load(&flows_done);
 	while (now_s() - tw0 < opt.window)
 	{
 		double		left = opt.window - (now_s() - tw0);
@@ -1065,6 +1075,7 @@ run_flows(bool closed)
 	k1 = counters();
 	server_now(we, sizeof we);
 	steps0 = atomic_load(&steps_done) - steps0;
+	flows0 = atomic_load(&flows_done) - flows0;
 
 	atomic_store(&stop_creating, true);
 	pthread_join(creator, NULL);
@@ -1131,12 +1142,12 @@ run_flows(bool closed)
 					 atof(PQgetvalue(res, i, 6)) / p);
 		}
 		printf("RESULT shape=%c label=%s graph=%s steps=%d hold_ms=%g %s=%g offered_fs=%.1f delivered_fs=%.1f "
-			   "delivered_ratio=%.3f flows=%s completed=%s running=%s failed=%s p50_ms=%.1f p99_ms=%.1f max_ms=%.1f "
+			   "delivered_ratio=%.3f driver_fs=%.1f flows=%s completed=%s running=%s failed=%s p50_ms=%.1f p99_ms=%.1f max_ms=%.1f "
 			   "handoff_ms=%.2f%s cpu_cores=%.2f dwarf_cores=%.2f client_cores=%.2f dwarf_procs=%d "
 			   "driver_conns=%d worker_conns=%d server_procs_max=%d held_max=%lld redelivered=%lld errors=%lld creator_lag_s=%.2f\n",
 			   opt.shape, *opt.label ? opt.label : "-", kd->graph, kd->steps, kd->hold_ms,
 			   closed ? "inflight" : "rate", closed ? opt.inflight : kd->rate, offered, delivered,
-			   delivered / offered, PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3),
+			   delivered / offered, nkinds == 1 ? flows0 / (tw1 - tw0) : NAN, PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3),
 			   PQgetvalue(res, i, 4), atof(PQgetvalue(res, i, 6)), atof(PQgetvalue(res, i, 7)),
 			   atof(PQgetvalue(res, i, 8)),
 			   (atof(PQgetvalue(res, i, 6)) - kd->steps * kd->hold_ms) / kd->steps, pred,
