@@ -177,6 +177,9 @@ for s in e d a c b; do
 done
 
 echo
-bad=$(grep -E '(ERROR|FATAL|PANIC|WARNING):|terminated by signal|exited with exit code [1-9]' "$LOG" || true)
-echo "server log $LOG: $(grep -c . <<<"$bad") ERROR/FATAL/PANIC/WARNING lines"
+# what the log says while each server runs, before its shutdown request
+# (workers then end with FATAL, as expected)
+bad=$(awk '/^=== server start/ {on = 1} /received fast shutdown request/ {on = 0} on' "$LOG" |
+	grep -E '(ERROR|FATAL|PANIC|WARNING):|terminated by signal|exited with exit code [1-9]|rolled back' || true)
+echo "server log $LOG: $(grep -c . <<<"$bad") lines with ERROR, FATAL, PANIC, WARNING, a failed process or a rolled-back batch, before shutdowns"
 [[ -z $bad ]] || sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //; s/[0-9]+/N/g' <<<"$bad" | sort | uniq -c | sort -rn | head -12
