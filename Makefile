@@ -48,16 +48,17 @@ REGRESS_OPTS = --temp-config=$(srcdir)/test/dwarf.conf --temp-instance=$(CURDIR)
 TAP_TESTS = $(if $(wildcard t/*.pl),1)
 
 PG_CFLAGS = -fvisibility=hidden -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
-EXTRA_CLEAN = tmp_regress bench/dwarf-bench
+EXTRA_CLEAN = tmp_regress bench/dwarf-bench bench/external-bench
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# The load driver is a plain libpq client.
-all: bench/dwarf-bench
+# The load drivers are plain libpq clients: dwarf-bench for flows of SQL
+# tasks, external-bench for external tasks (dwarf.claim and dwarf.complete).
+all: bench/dwarf-bench bench/external-bench
 
-bench/dwarf-bench: bench/dwarf-bench.c
+bench/dwarf-bench bench/external-bench: bench/%: bench/%.c
 	$(CC) -O2 -Wall -Wextra -Werror -I$(shell $(PG_CONFIG) --includedir) -o $@ $< \
 		-L$(shell $(PG_CONFIG) --libdir) -lpq -lm -lpthread
 
