@@ -214,6 +214,7 @@ typedef struct Batch
 	bool		alone;			/* one step, which met a lock conflict */
 	const char *task;			/* of the step run last */
 	bool		discard;			/* roll back, quietly (a runner's cancelled flow) */
+	bool		tasks_ran;		/* a task function was called, or a flow created */
 } Batch;
 
 /*
@@ -293,6 +294,8 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 	}
 	NewStepSnapshot();
 	b->task = flow->graph->nodes[token->node].name;
+	if (flow->graph->nodes[token->node].kind == TASK_FUNCTION)
+		b->tasks_ran = true;
 	result = RunStep(flow, token, b->isolated,
 					 b->alone ? entry->contended < DWARF_CONTENTION_TRIES : b->ran > 0,
 					 !Worker.is_runner && !entry->kept && LendingOn());
@@ -629,6 +632,24 @@ BatchCommitted(Batch *b)
 	list_free_deep(b->entries);
 }
 
+/*
+ * A batch that called no task and created no flow (it recorded answers of
+ * external steps, and offered what follows) commits without waiting for
+ * its WAL to reach the disk: the outside worker's commit of each answer
+ * was the durable one.  What the batch wrote follows from those answers
+ * alone, and they stay in dwarf.answer until its delete of them is
+ * durable: a crash that loses the batch records them again, the same way.
+ * A later commit that depends on it (the answer to a step it offered)
+ * flushes it first, the WAL being one sequence.  So a step done outside
+ * costs one durable commit, the outside worker's, batched or not.
+ */
+static void
+CommitQuietly(void)
+{
+	(void) set_config_option("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION,
+							 GUC_ACTION_LOCAL, true, 0, false);
+}
+
 void
 RunEntries(List *entries, bool isolated, bool alone, List *requests)
 {
@@ -690,6 +711,8 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		}
 		PopActiveSnapshot();
 		SPI_finish();
+		if (!b->tasks_ran && requests == NIL && !Worker.is_runner)
+			CommitQuietly();
 		CommitTransactionCommand();
 		CrashesNoteStep(0, 0);
 		GiveLimits(b);

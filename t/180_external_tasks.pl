@@ -25,7 +25,10 @@
 #     what it says;
 #  9. a named limit on an external task bounds its claimed steps: never more
 #     leased at once than its concurrency (per key, when it has one), a place
-#     given back when a step is answered or its lease runs out.
+#     given back when a step is answered or its lease runs out;
+# 10. a crash just after answers commit (the worker records them without
+#     waiting for its own commit to reach the disk: the answers are durable)
+#     loses none: each step is recorded once, with its changes.
 use strict;
 use warnings;
 
@@ -357,6 +360,29 @@ is($cust, 'c0,c1', 'one step per customer key is claimed, not two of one custome
 my $again = as('alice', q{SELECT string_agg(input->>'customer', ',' ORDER BY input->>'customer')
 	FROM dwarf.claim('cust', 10, NULL, '20 s')});
 like($again, qr/c/, 'a lease that ran out gives its place back');
+
+# ------------------------------------------------------------------ 10. a crash after answers
+as('alice', q{SELECT count(dwarf.create('pay', jsonb_build_object('amount', 200 + g))) FROM generate_series(1, 20) g});
+my $answered = 0;
+for (1 .. 20)
+{
+	$answered += as('alice', q{SELECT count(dwarf.complete(lease, jsonb_build_object('answer', 'x' || (input->>'amount'))))
+		FROM dwarf.claim('pay', 20, NULL, '2 s')});
+	last if $answered >= 20;
+}
+is($answered, 20, 'twenty steps answered');
+$node->stop('immediate');
+$node->start;
+wait_for_workers($node, 'the workers run again after the crash');
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.flow WHERE status = 'running' AND (input->>'amount')::int > 200}, '0'),
+	'the answered flows complete after the crash');
+is(as('alice', q{SELECT count(*) FROM dwarf.flow WHERE (input->>'amount')::int > 200
+	AND status = 'completed' AND state->>'finished' = 'x' || (input->>'amount')}), '20',
+	'each with the changes of its answer');
+is(as('alice', q{SELECT count(*) FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id
+	WHERE (f.input->>'amount')::int > 200 AND s.task = 'charge'}), '20',
+	'each answered step is recorded once');
+is(as('postgres', q{SELECT count(*) FROM dwarf.answer}), '0', 'no answer is left behind');
 
 check_no_crash($node, 'no process crashed');
 stop_node($node, $t0);
