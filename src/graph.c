@@ -62,6 +62,25 @@ BoolValue(JsonbValue *v, const char *what)
 	return v->val.boolean;
 }
 
+/*
+ * The next key of an object iterated with IterateValue, its value in *val;
+ * NULL after the last.
+ */
+static char *
+NextKey(JsonbIterator **it, JsonbValue *val)
+{
+	JsonbIteratorToken tok;
+	JsonbValue	k;
+
+	while ((tok = JsonbIteratorNext(it, &k, true)) != WJB_DONE)
+		if (tok == WJB_KEY)
+		{
+			(void) JsonbIteratorNext(it, val, true);
+			return pnstrdup(k.val.string.val, k.val.string.len);
+		}
+	return NULL;
+}
+
 /* Iterates the top level of a container value (object or array). */
 static JsonbIterator *
 IterateValue(JsonbValue *v, bool want_object, const char *what)
@@ -240,18 +259,11 @@ static void
 ReadTransitionKeys(JsonbValue *elem, const char *desc, TransitionKeys *keys)
 {
 	JsonbIterator *it = IterateValue(elem, true, "a transition");
-	JsonbIteratorToken tok;
-	JsonbValue	k,
-				v;
+	char	   *key;
+	JsonbValue	v;
 
-	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	while ((key = NextKey(&it, &v)) != NULL)
 	{
-		char	   *key;
-
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(k.val.string.val, k.val.string.len);
-		(void) JsonbIteratorNext(&it, &v, true);
 		if (strcmp(key, "from") == 0)
 			keys->from = StringValue(&v, "\"from\"");
 		else if (strcmp(key, "to") == 0)
@@ -435,20 +447,14 @@ ParseRetry(GraphNode *node, JsonbValue *retry)
 	JsonbIterator *it = IterateValue(retry, true,
 									 psprintf("the retry of task \"%s\"", node->name));
 	JsonbIteratorToken tok;
-	JsonbValue	k,
-				v;
+	JsonbValue	v;
+	char	   *key;
 	bool		has_on = false;
 
-	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	while ((key = NextKey(&it, &v)) != NULL)
 	{
-		char	   *key;
-		char	   *what;
+		char	   *what = psprintf("the retry %s of task \"%s\"", key, node->name);
 
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(k.val.string.val, k.val.string.len);
-		what = psprintf("the retry %s of task \"%s\"", key, node->name);
-		(void) JsonbIteratorNext(&it, &v, true);
 		if (strcmp(key, "attempts") == 0)
 		{
 			double		n = NumberValue(&v, what);
@@ -514,18 +520,11 @@ ParseLimit(GraphNode *node, JsonbValue *v, const char *what)
 	if (v->type == jbvBinary && JsonContainerIsObject(v->val.binary.data))
 	{
 		JsonbIterator *it = IterateValue(v, true, what);
-		JsonbIteratorToken tok;
-		JsonbValue	k,
-					val;
+		char	   *key;
+		JsonbValue	val;
 
-		while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+		while ((key = NextKey(&it, &val)) != NULL)
 		{
-			char	   *key;
-
-			if (tok != WJB_KEY)
-				continue;
-			key = pnstrdup(k.val.string.val, k.val.string.len);
-			(void) JsonbIteratorNext(&it, &val, true);
 			if (strcmp(key, "name") == 0)
 				node->limit = StringValue(&val, psprintf("the limit name of task \"%s\"", node->name));
 			else if (strcmp(key, "key") == 0)
@@ -635,16 +634,10 @@ ParseHttp(GraphNode *node, JsonbValue *v)
 	else
 	{
 		JsonbIterator *it = IterateValue(v, true, what);
-		JsonbIteratorToken tok;
+		char	   *key;
 
-		while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+		while ((key = NextKey(&it, &val)) != NULL)
 		{
-			char	   *key;
-
-			if (tok != WJB_KEY)
-				continue;
-			key = pnstrdup(k.val.string.val, k.val.string.len);
-			(void) JsonbIteratorNext(&it, &val, true);
 			if (strcmp(key, "method") == 0)
 				method = StringValue(&val, psprintf("the method of task \"%s\"", node->name));
 			else if (strcmp(key, "url") == 0)
@@ -729,23 +722,16 @@ static void
 ParseTaskObject(GraphNode *node, JsonbValue *v)
 {
 	JsonbIterator *it = IterateValue(v, true, psprintf("task \"%s\"", node->name));
-	JsonbIteratorToken tok;
-	JsonbValue	k,
-				val;
+	char	   *key;
+	JsonbValue	val;
 	JsonbValue *retry = NULL;
 	int			kinds = 0;
 	int64		timeout_us = 0;
 
-	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	while ((key = NextKey(&it, &val)) != NULL)
 	{
-		char	   *key;
-		char	   *what;
+		char	   *what = psprintf("the %s of task \"%s\"", key, node->name);
 
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(k.val.string.val, k.val.string.len);
-		what = psprintf("the %s of task \"%s\"", key, node->name);
-		(void) JsonbIteratorNext(&it, &val, true);
 		if (strcmp(key, "function") == 0)
 		{
 			node->kind = TASK_FUNCTION;
