@@ -35,7 +35,8 @@ OBJS = \
 	src/http.o
 
 # HTTP tasks' calls (src/http.c): Debian's libcurl4-openssl-dev to build, libcurl4 to run.
-SHLIB_LINK = -lcurl
+# HTTP tasks' process loads libcurl itself (http.c, LoadCurl): linked here,
+# every server process would map it.
 
 # Two extensions: dwarf on each shard (or single server), dwarf_router on a
 # router database that sends calls to the shards with PL/Proxy (pure SQL).

@@ -31,7 +31,9 @@
  */
 #include "postgres.h"
 
+#define CURL_DISABLE_TYPECHECK	/* its checks are macros of the names below */
 #include <curl/curl.h>
+#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include "access/xact.h"
@@ -62,6 +64,75 @@
 #include "http.h"
 #include "json.h"
 #include "offers.h"
+
+/*
+ * libcurl, loaded by the HTTP process alone (LoadCurl).  Linked into
+ * dwarf.so, it was mapped, with some fifteen libraries of its own, into
+ * every server process, and each of them paid for it: the bulk bench ran
+ * at 14.6 us of server CPU a step without it and 18.4 with it, and plain
+ * pgbench slowed down too (bench/README.md, "Issue 20's hot path").
+ */
+static struct
+{
+	CURLcode	(*global_init) (long flags);
+	CURL	   *(*easy_init) (void);
+	CURLcode	(*easy_setopt) (CURL *curl, CURLoption option,...);
+	CURLcode	(*easy_getinfo) (CURL *curl, CURLINFO info,...);
+	void		(*easy_cleanup) (CURL *curl);
+	const char *(*easy_strerror) (CURLcode code);
+	CURLM	   *(*multi_init) (void);
+	CURLMcode	(*multi_setopt) (CURLM *multi, CURLMoption option,...);
+	CURLMcode	(*multi_add_handle) (CURLM *multi, CURL *curl);
+	CURLMcode	(*multi_remove_handle) (CURLM *multi, CURL *curl);
+	CURLMsg    *(*multi_info_read) (CURLM *multi, int *left);
+	CURLMcode	(*multi_socket_action) (CURLM *multi, curl_socket_t s, int ev, int *running);
+	struct curl_slist *(*slist_append) (struct curl_slist *list, const char *string);
+	void		(*slist_free_all) (struct curl_slist *list);
+} Curl;
+
+#undef curl_easy_setopt
+#undef curl_easy_getinfo
+#undef curl_multi_setopt
+#define curl_global_init(f)				Curl.global_init(f)
+#define curl_easy_init()				Curl.easy_init()
+#define curl_easy_setopt(...)			Curl.easy_setopt(__VA_ARGS__)
+#define curl_easy_getinfo(...)			Curl.easy_getinfo(__VA_ARGS__)
+#define curl_easy_cleanup(c)			Curl.easy_cleanup(c)
+#define curl_easy_strerror(c)			Curl.easy_strerror(c)
+#define curl_multi_init()				Curl.multi_init()
+#define curl_multi_setopt(...)			Curl.multi_setopt(__VA_ARGS__)
+#define curl_multi_add_handle(m, c)		Curl.multi_add_handle(m, c)
+#define curl_multi_remove_handle(m, c)	Curl.multi_remove_handle(m, c)
+#define curl_multi_info_read(m, l)		Curl.multi_info_read(m, l)
+#define curl_multi_socket_action(m, s, e, r) Curl.multi_socket_action(m, s, e, r)
+#define curl_slist_append(l, s)			Curl.slist_append(l, s)
+#define curl_slist_free_all(l)			Curl.slist_free_all(l)
+
+/* Loads libcurl (Debian's libcurl4) and finds its functions; FATAL without it. */
+static void
+LoadCurl(void)
+{
+	static const char *const names[] = {
+		"curl_global_init", "curl_easy_init", "curl_easy_setopt", "curl_easy_getinfo",
+		"curl_easy_cleanup", "curl_easy_strerror", "curl_multi_init", "curl_multi_setopt",
+		"curl_multi_add_handle", "curl_multi_remove_handle", "curl_multi_info_read",
+		"curl_multi_socket_action", "curl_slist_append", "curl_slist_free_all"
+	};
+	void	  **slots = (void **) &Curl;
+	void	   *lib = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+	int			i;
+
+	StaticAssertStmt(sizeof(Curl) == lengthof(names) * sizeof(void *),
+					 "one name for each of libcurl's functions");
+	if (lib == NULL)
+		ereport(FATAL,
+				(errmsg("dwarf: could not load libcurl, which HTTP tasks need: %s", dlerror()),
+				 errhint("Install Debian's package libcurl4 (scripts/deps.sh does).")));
+	for (i = 0; i < lengthof(names); i++)
+		if ((slots[i] = dlsym(lib, names[i])) == NULL)
+			ereport(FATAL,
+					(errmsg("dwarf: libcurl has no function %s: %s", names[i], dlerror())));
+}
 #include "shmem.h"
 
 /* How much of an answer's body an error quotes. */
@@ -835,6 +906,7 @@ HttpInit(void)
 		limit.rlim_cur = limit.rlim_max;
 		(void) setrlimit(RLIMIT_NOFILE, &limit);
 	}
+	LoadCurl();
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 		ereport(FATAL,
 				(errmsg("dwarf: could not initialize libcurl")));
