@@ -73,6 +73,7 @@ typedef struct OfferQueue
 {
 	OfferQueueKey key;
 	dlist_head	ready;
+	int			nlimited;		/* of the ready, those whose task names a limit */
 	ConditionVariable cv;
 } OfferQueue;
 
@@ -237,6 +238,7 @@ FindQueue(const char *name, bool create)
 	if (queue && !found)
 	{
 		dlist_init(&queue->ready);
+		queue->nlimited = 0;
 		ConditionVariableInit(&queue->cv);
 	}
 	return queue;
@@ -289,12 +291,21 @@ FreeData(Offer *offer)
 	}
 }
 
+/* Takes a ready offer off its queue (under the lock, exclusive). */
+static void
+TakeFromQueue(Offer *offer)
+{
+	dlist_delete(&offer->in_queue);
+	if (offer->limit[0] != '\0')
+		offer->queue->nlimited--;
+}
+
 /* Removes an offer (under the lock, exclusive). */
 static void
 RemoveOffer(Offer *offer, LeaseEnd why)
 {
 	if (offer->state == OFFER_READY)
-		dlist_delete(&offer->in_queue);
+		TakeFromQueue(offer);
 	if (offer->on_answered)
 	{
 		dlist_delete(&offer->in_answered);
@@ -389,6 +400,8 @@ OfferPublish(const OfferSpec *spec)
 	offer->absent = 0;
 	offer->on_answered = false;
 	dlist_push_tail(&queue->ready, &offer->in_queue);
+	if (offer->limit[0] != '\0')
+		queue->nlimited++;
 	LWLockRelease(Offers->lock);
 	OwnOffers = true;			/* for the worker's sweeps, until one finds none */
 	ConditionVariableBroadcast(&queue->cv);
@@ -589,7 +602,7 @@ OffersLimitNames(const char *queue_name)
 
 	LWLockAcquire(Offers->lock, LW_SHARED);
 	queue = FindQueue(queue_name, false);
-	if (queue)
+	if (queue && queue->nlimited > 0)	/* else no claim need scan it */
 		dlist_foreach(iter, &queue->ready)
 		{
 			Offer	   *offer = dlist_container(Offer, in_queue, iter.cur);
@@ -695,7 +708,7 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 		lease->end = LEASE_HELD;
 		lease->ended_at = 0;
 
-		dlist_delete(&offer->in_queue);
+		TakeFromQueue(offer);
 		offer->state = OFFER_LEASED;
 		offer->lease = lease->lease;
 		offer->leased_at = now;
