@@ -93,7 +93,7 @@ extern DWARF_EXPORT void DwarfRunnerMain(Datum arg);
 extern void DwarfRegisterLauncher(void);
 extern int	StopDatabaseWorkers(Oid dboid, pid_t *pids);
 
-/* session.c: the worker's own nextval, which lastval() must not show a task */
-extern void SessionSequenceUsed(void);
+/* dwarf's own nextval was called: lastval() must not show it to a task (session.c) */
+extern bool DwarfNextvalUsed;
 
 #endif							/* DWARF_H */

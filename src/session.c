@@ -76,7 +76,6 @@ static Oid	SessionOwner = InvalidOid;	/* whose session it is */
 static Oid	TaintedBy = InvalidOid; /* the role served when it was tainted */
 static MemoryContext SettingsContext = NULL;
 static List *OwnerSettings = NIL;	/* RoleSettings, role-wide first */
-static bool SequencesUsed = false;	/* by the worker itself, since the last reset */
 
 /* What the process had loaded and defined when it was last found clean. */
 static unsigned long long LoadsSeen = 0;
@@ -281,7 +280,7 @@ SessionReset(void)
 	Async_UnlistenAll();
 	ResetTempTableNamespace();
 	ResetSequenceCaches();
-	SequencesUsed = false;
+	DwarfNextvalUsed = false;
 }
 
 /* Appends the settings of one pg_db_role_setting row, if there is one. */
@@ -399,16 +398,9 @@ void
 SessionTaskBegins(void)
 {
 	ApplyOwnerSettings();
-	if (SequencesUsed)
+	if (DwarfNextvalUsed)
 	{
 		ResetSequenceCaches();
-		SequencesUsed = false;
+		DwarfNextvalUsed = false;
 	}
-}
-
-/* The worker itself called nextval: lastval() would show it to the next task. */
-void
-SessionSequenceUsed(void)
-{
-	SequencesUsed = true;
 }

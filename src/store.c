@@ -71,7 +71,7 @@ NextStepId(void)
 			StepSeq = get_relname_relid("step_seq", get_namespace_oid("dwarf", false));
 		StepIdNext = nextval_internal(StepSeq, false);	/* ours: no privilege to check */
 		StepIdEnd = StepIdNext + DWARF_STEP_ID_BLOCK;
-		SessionSequenceUsed();
+		DwarfNextvalUsed = true;
 	}
 	return StepIdNext++;
 }
