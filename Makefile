@@ -12,6 +12,7 @@ OBJS = \
 	src/request.o \
 	src/rows.o \
 	src/step.o \
+	src/session.o \
 	src/lend.o \
 	src/runner.o \
 	src/crashes.o \

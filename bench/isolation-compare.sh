@@ -20,6 +20,17 @@
 #      measured one; BURSTS measured bursts).  steps/s = steps / (last
 #      finished_at - the create's commit); WAL = LSN difference / steps;
 #      CPU = the postmaster and all its children, from /proc, per step;
+#      ROLES (1): the flows' owners.  1: the superuser creates them all, one
+#      statement.  2 (or more, up to 26): non-superuser roles bench_a,
+#      bench_b... each with its own bench_linear_10 (the same definition) and
+#      what a flow owner needs (USAGE on schemas dwarf and dwarf_bench, EXECUTE
+#      on dwarf.create, dwarf.define and dwarf_bench.noop); the burst is still
+#      one transaction, in which the superuser does SET LOCAL ROLE to each role
+#      in turn and creates ROLE_CHUNK (100) flows as it, so the owners
+#      alternate every ROLE_CHUNK flows in creation (and id) order, each role
+#      owning an equal share when FLOWS / ROLE_CHUNK divides by ROLES; the
+#      warm-up burst likewise.  The rest (ceiling, dwarf.run, time) runs as the
+#      superuser whatever ROLES says;
 #   2. the ceiling: pgbench, bench/pgbench/reference.sql (one durable one-row
 #      UPDATE per transaction), REF_CLIENTS (4) clients, REF_SECONDS (10) s,
 #      once before the measured bursts and once after; ratio = steps/s over
@@ -53,6 +64,8 @@ SLOW=${SLOW:-1}
 RUN=${RUN:-1}
 RUN_CLIENTS=${RUN_CLIENTS:-32}
 RUN_SECONDS=${RUN_SECONDS:-10}
+ROLES=${ROLES:-1}
+ROLE_CHUNK=${ROLE_CHUNK:-100}
 PORT=${PORT:-5491}
 WORK=${WORK:-/var/tmp/dwarf-iso}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -61,6 +74,18 @@ TCK=$(getconf CLK_TCK)
 
 die() { echo "isolation-compare: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "run as root (servers run as postgres; CPU is read from /proc)"
+[[ $ROLES =~ ^[0-9]+$ ]] && ((ROLES >= 1 && ROLES <= 26)) || die "ROLES is $ROLES, not 1 to 26"
+[[ $ROLE_CHUNK =~ ^[0-9]+$ ]] && ((ROLE_CHUNK >= 1)) || die "ROLE_CHUNK is $ROLE_CHUNK, not a positive integer"
+OWNERS=()					# the flows' owners when ROLES > 1: bench_a, bench_b...
+if ((ROLES > 1)); then
+	LETTERS=({a..z})
+	for ((i = 0; i < ROLES; i++)); do
+		OWNERS+=("bench_${LETTERS[i]}")
+	done
+	OWNERS_SAID="owned by ROLES=$ROLES roles, ${OWNERS[0]} to ${OWNERS[-1]}, in turns of $ROLE_CHUNK flows"
+else
+	OWNERS_SAID="owned by the superuser (ROLES=1)"
+fi
 for b in BASE NEW; do
 	p=${b}_PREFIX t=${b}_TREE
 	[[ -x ${!p}/$PGBIN_REL/postgres ]] || die "${!p}: no $PGBIN_REL/postgres"
@@ -133,7 +158,45 @@ start_server() {			# build prefix tag
 }
 q() { timeout 180 "$PSQL_BIN" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
 
-# One burst of $1 flows; prints "steps steps_s create_s wal_b_step rec_step cpu_us_step wcpu_us_step other_cores completed"
+# When ROLES > 1, the roles that own the bursts' flows: each gets what a flow
+# owner needs and a bench_linear_10 of its own, the superuser's definition
+setup_owners() {
+	local r
+	((ROLES > 1)) || return 0
+	{
+		echo "SELECT definition AS def FROM dwarf.graph WHERE name = 'bench_linear_10' ORDER BY id DESC LIMIT 1 \\gset"
+		for r in "${OWNERS[@]}"; do
+			echo "CREATE ROLE $r;"
+			echo "GRANT USAGE ON SCHEMA dwarf, dwarf_bench TO $r;"
+			echo "GRANT EXECUTE ON FUNCTION dwarf.create, dwarf.define, dwarf_bench.noop TO $r;"
+			echo "SET ROLE $r;"
+			echo "SELECT dwarf.define('bench_linear_10', :'def') \\g /dev/null"
+			echo "RESET ROLE;"
+		done
+	} | q -f -
+}
+
+# The statements that create a burst's $1 flows in one transaction: one
+# statement as the superuser, or (ROLES > 1) ROLE_CHUNK flows at a time as
+# each owner in turn
+create_sql() {
+	local n=$1 i=0 k
+	if ((ROLES == 1)); then
+		echo "SELECT count(dwarf.create('bench_linear_10', '{}')) FROM generate_series(1, $n) \\g /dev/null"
+		return
+	fi
+	echo "BEGIN;"
+	while ((i * ROLE_CHUNK < n)); do
+		k=$((n - i * ROLE_CHUNK < ROLE_CHUNK ? n - i * ROLE_CHUNK : ROLE_CHUNK))
+		echo "SET LOCAL ROLE ${OWNERS[i % ROLES]};"
+		echo "SELECT count(dwarf.create('bench_linear_10', '{}')) FROM generate_series(1, $k) \\g /dev/null"
+		i=$((i + 1))
+	done
+	echo "COMMIT;"
+}
+
+# One burst of $1 flows; prints "steps steps_s create_s wal_b_step rec_step cpu_us_step wcpu_us_step other_cores
+# completed owners" (owners: role=flows,... of the burst's flows)
 burst() {
 	local n=$1 id0 tc lsn0 lsn1 rec0 c0 c1 m0 m1 w0 w1 t0 t1
 	id0=$(q -c "SELECT coalesce(max(id), 0) FROM dwarf.flow")
@@ -141,7 +204,7 @@ burst() {
 	c0=$(server_ticks "$PM") m0=$(machine_ticks) w0=$(worker_ticks) t0=$(date +%s.%N)
 	cat >"$WORK/burst.sql" <<-SQL
 		SELECT pg_current_wal_lsn();
-		SELECT count(dwarf.create('bench_linear_10', '{}')) FROM generate_series(1, $n) \\g /dev/null
+		$(create_sql "$n")
 		SELECT replace(clock_timestamp()::text, ' ', 'T');
 		SELECT set_config('bench.id0', '$id0', false) \\g /dev/null
 		DO \$\$
@@ -172,9 +235,14 @@ burst() {
 	       round(($c1 - $c0) * 1e6 / $TCK / s.steps, 1),
 	       round(($w1 - $w0) * 1e6 / $TCK / s.steps, 1),
 	       round(greatest(($m1 - $m0) - ($c1 - $c0), 0)::numeric / $TCK / ($t1 - $t0), 2),
-	       t.ok
+	       t.ok,
+	       (SELECT string_agg(owner::text || '=' || n, ',' ORDER BY owner::text)
+	          FROM (SELECT owner, count(*) AS n FROM f GROUP BY owner) o)
 	  FROM s, t"
 }
+
+# The burst's flows per owner, for its progress line when ROLES > 1
+said_owners() { ((ROLES == 1)) || echo ", owners $owners"; }
 
 reference() {
 	local r
@@ -232,7 +300,7 @@ FANOUT_STEPS=$(($(awk '$1 == "\\set" && $2 == "width" {print $3}' "$HERE/pgbench
 LOGS=()
 echo "BASE: $BASE_PREFIX, $BASE_TREE at $(git -C "$BASE_TREE" rev-parse --short HEAD)$(git -C "$BASE_TREE" diff --quiet HEAD -- src sql || echo ' (modified)')"
 echo "NEW:  $NEW_PREFIX, $NEW_TREE at $(git -C "$NEW_TREE" rev-parse --short HEAD)$(git -C "$NEW_TREE" diff --quiet HEAD -- src sql || echo ' (modified)')"
-echo "$(date -u '+%F %T UTC'), $(nproc) cores, $FLOWS flows x 10 steps per burst, reference: $REF_CLIENTS clients x $REF_SECONDS s"
+echo "$(date -u '+%F %T UTC'), $(nproc) cores, $FLOWS flows x 10 steps per burst, $OWNERS_SAID, reference: $REF_CLIENTS clients x $REF_SECONDS s"
 RUNS=()
 for round in $(seq 1 "$ROUNDS"); do
 	for build in BASE NEW; do
@@ -243,15 +311,16 @@ for round in $(seq 1 "$ROUNDS"); do
 			-workload linear -steps 10 -reference -setup-only >/dev/null
 		"${!t}/bench/dwarf-bench" -dsn "host=$SOCK port=$PORT dbname=bench user=postgres" \
 			-workload fanout -setup-only >/dev/null
-		read -r steps sps create_s walb recs cpu wcpu other ok < <(burst "$WARM")
-		echo "  warm-up burst: $steps steps ($ok of $WARM flows completed), $sps steps/s, WAL $walb B/step"
+		setup_owners
+		read -r steps sps create_s walb recs cpu wcpu other ok owners < <(burst "$WARM")
+		echo "  warm-up burst: $steps steps ($ok of $WARM flows completed), $sps steps/s, WAL $walb B/step$(said_owners)"
 		ref1=$(reference)
 		for b in $(seq 1 "$BURSTS"); do
 			q -c "CHECKPOINT"
 			sleep 1
-			read -r steps sps create_s walb recs cpu wcpu other ok < <(burst "$FLOWS")
+			read -r steps sps create_s walb recs cpu wcpu other ok owners < <(burst "$FLOWS")
 			echo "  burst $b: $steps steps ($ok of $FLOWS flows completed), $sps steps/s, create ${create_s} s," \
-				"WAL $walb B/step, $recs records/step, CPU $cpu us/step (workers $wcpu), other load $other cores"
+				"WAL $walb B/step, $recs records/step, CPU $cpu us/step (workers $wcpu), other load $other cores$(said_owners)"
 			BURST[$b]="$sps $walb $recs $cpu $wcpu $create_s $other $ok"
 		done
 		ref2=$(reference)
@@ -309,7 +378,7 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 echo
-echo "Speed: $FLOWS ten-step no-op flows created in one transaction, then waited for; reference = pgbench reference.sql, $REF_CLIENTS clients, $REF_SECONDS s"
+echo "Speed: $FLOWS ten-step no-op flows created in one transaction, $OWNERS_SAID, then waited for; reference = pgbench reference.sql, $REF_CLIENTS clients, $REF_SECONDS s"
 echo
 echo "| round | build | burst | steps/s | reference tps before / after | ratio to their mean | WAL B/step | WAL records/step | server CPU us/step | workers' CPU us/step | create s | other load (cores) | completed |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"

@@ -82,7 +82,12 @@ COMMENT ON COLUMN dwarf.flow.tree_flows IS
 	'On a flow that started subgraphs: how many flows its tree has had, itself included '
 	'(capped by dwarf.max_tree_flows)';
 
-CREATE SEQUENCE dwarf.step_seq CACHE 64;
+/*
+ * Step ids: each worker takes a block of 64 at a time (store.c), as a cache
+ * would, but with one nextval a block, so that a task's lastval() does not
+ * show it (session.c).
+ */
+CREATE SEQUENCE dwarf.step_seq INCREMENT BY 64;
 
 /*
  * One row per step attempt, appended when the step's transaction commits.

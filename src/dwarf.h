@@ -61,6 +61,9 @@ extern int	dwarf_http_max_host_connections;	/* ... connections per host */
 #define DWARF_SHARD_SHIFT	48
 #define DWARF_EPOCH_SHIFT	40
 
+/* Step ids a process takes at a time: dwarf.step_seq's INCREMENT BY. */
+#define DWARF_STEP_ID_BLOCK	64
+
 /* The longest interval dwarf takes (sleep, retry, timeouts): 100 years. */
 #define DWARF_MAX_INTERVAL	(INT64CONST(36525) * USECS_PER_DAY)
 
@@ -89,5 +92,8 @@ extern DWARF_EXPORT void DwarfWorkerMain(Datum arg);
 extern DWARF_EXPORT void DwarfRunnerMain(Datum arg);
 extern void DwarfRegisterLauncher(void);
 extern int	StopDatabaseWorkers(Oid dboid, pid_t *pids);
+
+/* dwarf's own nextval was called: lastval() must not show it to a task (session.c) */
+extern bool DwarfNextvalUsed;
 
 #endif							/* DWARF_H */

@@ -344,6 +344,7 @@ NewFlowId(void)
 	CheckNotStandby("dwarf");
 	seq = get_relname_relid("flow_seq", get_namespace_oid("dwarf", false));
 	value = nextval_internal(seq, false);	/* dwarf's own: no privilege to check */
+	DwarfNextvalUsed = true;
 	if (value >= (INT64CONST(1) << DWARF_EPOCH_SHIFT))
 		ereport(ERROR,
 				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),

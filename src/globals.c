@@ -35,5 +35,11 @@ int			dwarf_http_max_response = 1024;	/* kB */
 int			dwarf_http_max_in_flight = 10000;
 int			dwarf_http_max_host_connections = 1000;
 
+/*
+ * This process called nextval on dwarf's own sequences since the last task
+ * began (session.c resets lastval() then, so that no task sees it).
+ */
+bool		DwarfNextvalUsed = false;
+
 /* this process's state as a worker (or runner): see worker.h */
 WorkerState Worker = {.full_scan = true};

@@ -240,6 +240,7 @@ ClaimSlot(Oid dboid, int index)
 			slot->pid = 0;
 			slot->latch = NULL;
 			slot->no_extension = false;
+			slot->replaced = false;
 			slot->best_priority = PG_INT32_MAX;
 			slot->running_priority = PG_INT32_MAX;
 			slot->head = slot->tail = 0;
@@ -544,8 +545,8 @@ TendWorkers(void)
 				 */
 				if (slot->no_extension && db->started_gen[i] == rescan_gen)
 					db->absent = true;
-				else if (slot->no_extension)
-					db->restart_at[i] = now;
+				else if (slot->no_extension || slot->replaced)
+					db->restart_at[i] = now;	/* a replaced one was in a database that is there */
 				else
 				{
 					db->restart_at[i] = TimestampTzPlusMilliseconds(now, RESTART_DELAY_MS);

@@ -160,9 +160,30 @@ NoteTaskTime(GraphNode *node, int64 us)
 		t->dboid = MyDatabaseId;
 		t->fn = node->fn;
 		t->noted_at = now;
+		t->own_process = false;
 	}
-	else if (t)
+	else if (t && !t->own_process)
 		t->dboid = InvalidOid;
+	pg_atomic_fetch_add_u32(&Dwarf->slow_epoch, 1);
+	SpinLockRelease(&Dwarf->slow_mutex);
+}
+
+/*
+ * Marks a task whose step left state in its worker's process that a
+ * session reset cannot reach (session.c): its steps go to runners, one
+ * process a step, from now on, however quick they are.
+ */
+void
+NoteTaskOwnProcess(GraphNode *node)
+{
+	DwarfSlowTask *t;
+
+	SpinLockAcquire(&Dwarf->slow_mutex);
+	t = FindSlow(node->fn, true);
+	t->dboid = MyDatabaseId;
+	t->fn = node->fn;
+	t->noted_at = GetCurrentTimestamp();
+	t->own_process = true;
 	pg_atomic_fetch_add_u32(&Dwarf->slow_epoch, 1);
 	SpinLockRelease(&Dwarf->slow_mutex);
 }
@@ -662,7 +683,7 @@ RunnerPoll(void)
 		 * above ours: ours must come from a new block, or the flow's next
 		 * step would sort before the runner's, and replay in the wrong order.
 		 */
-		ResetSequenceCaches();
+		StepIdsFromNewBlock();
 		{
 			FlowRun    *flow = hash_search(Worker.flows, &lent->flow_id, HASH_FIND, NULL);
 

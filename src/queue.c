@@ -6,7 +6,10 @@
  * database (each publishes its best ready priority in shared memory).
  * Within a priority, steps are served by virtual time per fairness key, so
  * keys share the worker in proportion to their weights; then first come,
- * first served.  Steps due later (sleep, retry backoff) wait on a timer
+ * first served.  Each owner role has a ready queue of its own, since a
+ * batch runs one role's steps (session.c): a batch takes the role whose
+ * next step comes first by that order, and then that role's steps while
+ * no other role's come before them by priority.  Steps due later (sleep, retry backoff) wait on a timer
  * heap, earliest first, and cost nothing until they come due.  (A flow that
  * sleeps for long is not in memory at all: sleepers.c.)  A step of an
  * external task is on neither: it is offered to claims in shared memory
@@ -33,7 +36,19 @@ typedef struct FairKey
 	double		pass;
 } FairKey;
 
-static pairingheap *Ready = NULL;
+/*
+ * One owner role's ready steps.  A queue with steps is on Busy; a batch
+ * picks among those (there are as many as roles with ready work).
+ */
+typedef struct OwnerQueue
+{
+	Oid			owner;			/* hash key */
+	pairingheap *ready;
+	dlist_node	busy;			/* in Busy while ready is not empty */
+} OwnerQueue;
+
+static HTAB *Owners = NULL;
+static dlist_head Busy = DLIST_STATIC_INIT(Busy);
 static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
 static HTAB *FairKeys = NULL;
 static double VirtualTime = 0;	/* vtime of the last entry run */
@@ -58,8 +73,63 @@ MakeReady(ReadyEntry *entry)
 {
 	entry->fair->pass = Max(entry->fair->pass, VirtualTime) + 1.0 / entry->weight;
 	entry->vtime = entry->fair->pass;
-	pairingheap_add(Ready, &entry->ph);
+	if (pairingheap_is_empty(entry->queue->ready))
+		dlist_push_tail(&Busy, &entry->queue->busy);
+	pairingheap_add(entry->queue->ready, &entry->ph);
 	Worker.ready_count++;
+}
+
+/* The owner's ready queue, made when first needed. */
+static OwnerQueue *
+GetOwnerQueue(Oid owner)
+{
+	OwnerQueue *queue;
+	bool		found;
+
+	queue = hash_search(Owners, &owner, HASH_ENTER, &found);
+	if (!found)
+	{
+		MemoryContext old = MemoryContextSwitchTo(Worker.context);
+
+		queue->ready = pairingheap_allocate(ReadyCompare, NULL);
+		MemoryContextSwitchTo(old);
+	}
+	return queue;
+}
+
+/* The step that comes first on a queue with ready steps. */
+static ReadyEntry *
+Head(OwnerQueue *queue)
+{
+	return pairingheap_container(ReadyEntry, ph, pairingheap_first(queue->ready));
+}
+
+/*
+ * The queue whose next step comes first of all, or NULL when no step is
+ * ready; with other, the best priority among the other queues' next steps.
+ */
+static OwnerQueue *
+BestQueue(int32 *other)
+{
+	OwnerQueue *best = NULL;
+	dlist_iter	iter;
+
+	if (other)
+		*other = PG_INT32_MAX;
+	dlist_foreach(iter, &Busy)
+	{
+		OwnerQueue *queue = dlist_container(OwnerQueue, busy, iter.cur);
+
+		if (best == NULL || ReadyCompare(&Head(queue)->ph, &Head(best)->ph, NULL) > 0)
+		{
+			if (best && other)
+				*other = Min(*other, Head(best)->priority);
+			best = queue;
+		}
+		else if (other)
+			*other = Min(*other, Head(queue)->priority);
+	}
+	return best;
 }
 
 /*
@@ -103,6 +173,7 @@ NewReadyEntry(FlowRun *flow, Token *token)
 	entry->seq = ReadySeq++;
 	entry->due = token->due;
 	entry->fair = GetFairKey(flow->owner, flow->fairness_key);
+	entry->queue = GetOwnerQueue(flow->owner);
 	entry->weight = Max(flow->fairness_weight, 1);
 	return entry;
 }
@@ -266,9 +337,9 @@ MoveDueTimers(void)
 int32
 BestReadyPriority(void)
 {
-	if (pairingheap_is_empty(Ready))
-		return PG_INT32_MAX;
-	return pairingheap_container(ReadyEntry, ph, pairingheap_first(Ready))->priority;
+	OwnerQueue *best = BestQueue(NULL);
+
+	return best ? Head(best)->priority : PG_INT32_MAX;
 }
 
 /* The database's other running workers, one after another (NULL: no more). */
@@ -372,20 +443,29 @@ ClearRunningPriority(void)
 			SetLatch(slot->latch);
 }
 
-/* Pops up to max runnable tokens, skipping entries whose flow moved on. */
+/*
+ * Pops up to max runnable tokens of one owner role, skipping entries whose
+ * flow moved on: the role whose next step comes first, while no other
+ * role's next step has a better priority.
+ */
 List *
 PopBatch(int max)
 {
 	List	   *batch = NIL;
-	int32		limit = Min(DatabaseBestPriority(), OthersRunningPriority());
+	int32		other;
+	OwnerQueue *queue = BestQueue(&other);
+	int32		limit = Min(Min(DatabaseBestPriority(), OthersRunningPriority()), other);
 
-	while (list_length(batch) < max && !pairingheap_is_empty(Ready) &&
-		   BestReadyPriority() <= limit)
+	while (queue && list_length(batch) < max && !pairingheap_is_empty(queue->ready) &&
+		   Head(queue)->priority <= limit)
 	{
 		ReadyEntry *entry = pairingheap_container(ReadyEntry, ph,
-												  pairingheap_remove_first(Ready));
+												  pairingheap_remove_first(queue->ready));
 		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+
+		if (pairingheap_is_empty(queue->ready))
+			dlist_delete(&queue->busy);
 
 		Worker.ready_count--;
 		VirtualTime = entry->vtime;
@@ -417,31 +497,45 @@ MakeFairKeys(void)
 void
 QueueInit(void)
 {
+	HASHCTL		ctl;
+
 	MakeFairKeys();
-	Ready = pairingheap_allocate(ReadyCompare, NULL);
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(OwnerQueue);
+	ctl.hcxt = Worker.context;
+	Owners = hash_create("dwarf owners' queues", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	Timers = pairingheap_allocate(TimerCompare, NULL);
 }
 
 /*
- * Forgets the fairness keys once nothing is queued (entries point at
- * them): a key met again starts at the current virtual time, as a new one
- * does, so nothing changes but the memory.
+ * Forgets the fairness keys and the owners' queues once nothing is queued
+ * (entries point at them): a key met again starts at the current virtual
+ * time, as a new one does, so nothing changes but the memory.
  */
 void
 QueuePruneFairKeys(void)
 {
-	if (hash_get_num_entries(FairKeys) < 1024 ||
-		!pairingheap_is_empty(Ready) || !pairingheap_is_empty(Timers))
+	HASH_SEQ_STATUS seq;
+	OwnerQueue *queue;
+
+	if (hash_get_num_entries(FairKeys) + hash_get_num_entries(Owners) < 1024 ||
+		!dlist_is_empty(&Busy) || !pairingheap_is_empty(Timers))
 		return;
 	hash_destroy(FairKeys);
 	MakeFairKeys();
+	hash_seq_init(&seq, Owners);
+	while ((queue = hash_seq_search(&seq)) != NULL)
+	{
+		pfree(queue->ready);
+		(void) hash_search(Owners, &queue->owner, HASH_REMOVE, NULL);
+	}
 }
 
 /* Is a step ready that this worker may start now (priority allowing)? */
 bool
 QueueHasRunnable(void)
 {
-	return !pairingheap_is_empty(Ready) &&
+	return !dlist_is_empty(&Busy) &&
 		BestReadyPriority() <= Min(DatabaseBestPriority(), OthersRunningPriority());
 }
 
@@ -449,6 +543,6 @@ QueueHasRunnable(void)
 bool
 QueueHasReady(void)
 {
-	return !pairingheap_is_empty(Ready);
+	return !dlist_is_empty(&Busy);
 }
 

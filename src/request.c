@@ -233,6 +233,7 @@ RequestCreate(int64 flow_id, int32 graph_id, int32 priority, text *key, Jsonb *i
 	SpinLockRelease(&req->mutex);
 	WriteBody(req, &seg, flow_id, graph_id, priority, key, input, options);
 	SpinLockAcquire(&req->mutex);
+	req->owner = GetUserId();
 	req->state = REQ_SUBMITTED;
 	req->taker = 0;
 	req->handle = seg ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
@@ -322,6 +323,22 @@ Forget(int procno, uint32 generation)
 	if (req->state == REQ_TAKEN && req->generation == generation)
 		req->state = REQ_FREE;
 	SpinLockRelease(&req->mutex);
+}
+
+/*
+ * The role of a caller's request, while it waits to be taken (else
+ * InvalidOid): the worker creates a role's flows in that role's batch.
+ */
+Oid
+RequestOwner(int procno)
+{
+	DwarfRequest *req = &Dwarf->requests[procno];
+	Oid			owner;
+
+	SpinLockAcquire(&req->mutex);
+	owner = req->state == REQ_SUBMITTED ? req->owner : InvalidOid;
+	SpinLockRelease(&req->mutex);
+	return owner;
 }
 
 /*

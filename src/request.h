@@ -50,6 +50,7 @@ typedef struct TakenRequest
 	Jsonb	   *options;
 } TakenRequest;
 
+extern Oid	RequestOwner(int procno);
 extern bool RequestTake(int procno, TakenRequest *taken);
 extern void RequestRelease(TakenRequest *taken);
 extern void RequestGiveBack(int procno, uint32 generation);

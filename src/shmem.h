@@ -45,6 +45,7 @@ typedef struct DwarfWorkerSlot
 	pid_t		pid;			/* 0 until the worker runs */
 	Latch	   *latch;			/* the worker's latch while it runs */
 	bool		no_extension;	/* it exited: dwarf is not installed there */
+	bool		replaced;		/* it exited to be replaced at once (session.c) */
 	volatile int32 best_priority;	/* of its ready steps; PG_INT32_MAX: none */
 	volatile int32 running_priority;	/* best of the batch it runs, or PG_INT32_MAX */
 
@@ -89,6 +90,7 @@ typedef struct DwarfRequest
 	DwarfRequestState state;
 	uint32		generation;		/* of the request in the slot */
 	pid_t		taker;			/* the worker that took it, while taken */
+	Oid			owner;			/* the caller's role: the new flow's owner */
 	dsm_handle	handle;			/* a RunRequest in DSM, or DSM_HANDLE_INVALID */
 	int64		flow_id;		/* the flow to await (set when done) */
 	int			sqlerrcode;		/* why it failed (set when failed) */
@@ -146,6 +148,8 @@ typedef struct DwarfSlowTask
 {
 	Oid			dboid;			/* InvalidOid: free */
 	Oid			fn;				/* a task of that database found slow */
+	bool		own_process;	/* or one that leaves state in its process
+								 * (session.c): it stays, however quick */
 	TimestampTz noted_at;		/* when; the oldest goes first when full */
 } DwarfSlowTask;
 

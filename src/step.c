@@ -384,6 +384,7 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, boo
 	nest = NewGUCNestLevel();
 	(void) set_config_option("search_path", TaskSearchPath, PGC_USERSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
+	SessionTaskBegins();		/* the owner's ALTER ROLE ... SET, and no lastval() */
 	DwarfCurrentStep = ctx;
 	if (budget_ms > 0)
 		enable_timeout_after(STATEMENT_TIMEOUT, (int) Min(budget_ms, INT_MAX));
@@ -401,6 +402,7 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, boo
 	AtEOXact_GUC(false, nest);
 	SetUserIdAndSecContext(save_user, save_sec);
 	EndTaskSession();
+	SessionAfterTask(node);
 
 	if (fcinfo->isnull)
 		return JsonbEmptyObject();

@@ -53,6 +53,38 @@ typedef struct GraphEntry
 } GraphEntry;
 
 static Oid StepSeq = InvalidOid;	/* dwarf.step_seq */
+static int64 StepIdNext = 0;	/* the block of step ids being handed out */
+static int64 StepIdEnd = 0;
+
+/*
+ * A new step id: the next of this process's block of dwarf.step_seq, whose
+ * nextval hands out blocks of 64 (its INCREMENT BY).  Taking the worker's
+ * ids one block at a time keeps nextval, and the reset of lastval() that
+ * follows it (session.c), off most steps.
+ */
+static int64
+NextStepId(void)
+{
+	if (StepIdNext == StepIdEnd)
+	{
+		if (!OidIsValid(StepSeq))
+			StepSeq = get_relname_relid("step_seq", get_namespace_oid("dwarf", false));
+		StepIdNext = nextval_internal(StepSeq, false);	/* ours: no privilege to check */
+		StepIdEnd = StepIdNext + DWARF_STEP_ID_BLOCK;
+		DwarfNextvalUsed = true;
+	}
+	return StepIdNext++;
+}
+
+/*
+ * Another process (a runner) took step ids for a flow of ours from a later
+ * block: the flow's next step must come after them, so from a new block.
+ */
+void
+StepIdsFromNewBlock(void)
+{
+	StepIdEnd = StepIdNext;
+}
 static HTAB *Graphs = NULL;		/* compiled graph versions by id */
 
 static SPIPlanPtr CloseFlowPlan = NULL;
@@ -1051,9 +1083,6 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	Datum		values[SC_COUNT];
 	bool		nulls[SC_COUNT] = {0};
 
-	if (!OidIsValid(StepSeq))
-		StepSeq = get_relname_relid("step_seq", get_namespace_oid("dwarf", false));
-
 	values[SC_FLOW_ID] = Int64GetDatum(flow->id);
 	/*
 	 * A step id carries its flow's shard in bits 48 to 62, as the flow id
@@ -1062,7 +1091,7 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 	 * names the shard that holds it.
 	 */
 	values[SC_STEP_ID] = Int64GetDatum((flow->id & ~((INT64CONST(1) << DWARF_SHARD_SHIFT) - 1)) |
-							  nextval_internal(StepSeq, false));	/* ours */
+							  NextStepId());
 	values[SC_TOKEN] = Int32GetDatum(token_id);
 	values[SC_TASK] = CStringGetTextDatum(graph->nodes[node].name);
 	values[SC_STATUS] = CStringGetTextDatum(status[outcome->kind]);

@@ -63,6 +63,7 @@
 #include "flowrun.h"
 #include "flows.h"
 #include "limits.h"
+#include "request.h"
 #include "rows.h"
 #include "offers.h"
 #include "worker.h"
@@ -215,6 +216,7 @@ typedef struct Batch
 	const char *task;			/* of the step run last */
 	bool		discard;			/* roll back, quietly (a runner's cancelled flow) */
 	bool		tasks_ran;		/* a task function was called, or a flow created */
+	Oid			owner;			/* the role whose steps it runs (session.c) */
 } Batch;
 
 /*
@@ -650,6 +652,55 @@ CommitQuietly(void)
 							 GUC_ACTION_LOCAL, true, 0, false);
 }
 
+/*
+ * The role whose steps a batch runs: its entries' owner (PopBatch takes one
+ * role's), or with none, the owner of the first dwarf.run create it takes
+ * (RunBatch leaves it only that role's).  InvalidOid: neither (the
+ * requests' callers gave up).
+ */
+static Oid
+BatchOwner(List *entries, List *requests)
+{
+	ListCell   *lc;
+
+	foreach(lc, entries)
+	{
+		FlowRun    *flow = hash_search(Worker.flows, &((ReadyEntry *) lfirst(lc))->flow_id,
+									   HASH_FIND, NULL);
+
+		if (flow)
+			return flow->owner;
+	}
+	foreach(lc, requests)
+	{
+		Oid			owner = RequestOwner(lfirst_int(lc));
+
+		if (OidIsValid(owner))
+			return owner;
+	}
+	return InvalidOid;
+}
+
+/*
+ * Exits to be replaced at once, when a task of another role left state in
+ * this process that a session reset cannot reach (session.c), and the
+ * next batch is not that role's.  Nothing is lost: everything the worker
+ * holds is in the tables, its taken dwarf.run creates are given back at
+ * exit (intake.c), and its replacement loads its flows and adopts its
+ * runners.
+ */
+static void
+ReplaceIfServedOthers(Oid owner)
+{
+	if (Worker.is_runner || !OidIsValid(owner) || !SessionMustReplace(owner))
+		return;
+	ereport(LOG,
+			(errmsg("dwarf worker %d exits to be replaced before it runs steps of role %s",
+					Worker.slot->index, SessionRoleName(owner))));
+	Worker.slot->replaced = true;
+	proc_exit(0);
+}
+
 void
 RunEntries(List *entries, bool isolated, bool alone, List *requests)
 {
@@ -662,7 +713,10 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	b->max = isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) : dwarf_batch_size;
 	b->parked = palloc(sizeof(int64) * Max(list_length(entries), b->max));
 	b->seen = 0xFFFFFFFF;
+	b->owner = BatchOwner(entries, requests);
 	BeginBatch();
+	if (OidIsValid(b->owner))
+		SessionServe(b->owner);
 	(void) ChangedSince(&b->seen, 0, 0);
 	StepTimerArm(b->seen);
 	b->deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
@@ -688,9 +742,14 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		List	   *flows;
 
 		if (!IntakeInBatch(requests, &flows))
+		{
 			BeginBatch();		/* rolled back: they were created apart */
+			if (OidIsValid(b->owner))
+				SessionServe(b->owner);
+		}
 		foreach(lc, flows)
-			b->entries = ChainSuccessors(b->entries, lfirst(lc), b->max, b->chain_limit, -1);
+			if (((FlowRun *) lfirst(lc))->owner == b->owner)	/* RunBatch's choice */
+				b->entries = ChainSuccessors(b->entries, lfirst(lc), b->max, b->chain_limit, -1);
 		list_free(flows);
 	}
 
@@ -820,6 +879,7 @@ RunAloneStep(void)
 		/* A reload since gave the flow new tokens, queued as usual. */
 		if (token && token->running && !token->queued && flow->status == FLOW_RUNNING)
 		{
+			ReplaceIfServedOthers(flow->owner);
 			RunEntries(list_make1(entry), true, true, NIL);
 			return true;
 		}
@@ -829,6 +889,29 @@ RunAloneStep(void)
 }
 
 static bool BatchTakesRequests(void);
+
+/*
+ * The dwarf.run creates of the batch's role, which join its batch; the
+ * other roles' are created apart, now (their flows' steps then queue as
+ * any other's).
+ */
+static List *
+OwnersRequests(Oid owner, List *requests)
+{
+	List	   *others = NIL;
+	ListCell   *lc;
+
+	foreach(lc, requests)
+	{
+		if (RequestOwner(lfirst_int(lc)) == owner)
+			continue;
+		others = lappend_int(others, lfirst_int(lc));
+		requests = foreach_delete_current(requests, lc);
+	}
+	if (others != NIL)
+		IntakeApart(others);
+	return requests;
+}
 
 /*
  * Runs the next batch: a step that must run alone, if one is waiting, else
@@ -847,14 +930,17 @@ RunBatch(List *requests)
 	if (SingleNext > 0)			/* one step, unchained: whose is the error? */
 	{
 		SingleNext--;
-		batch = LendSlowSteps(PopBatch(1));
+		batch = PopBatch(1);
+		ReplaceIfServedOthers(BatchOwner(batch, NIL));
+		batch = LendSlowSteps(batch);
 		if (batch != NIL)
 			RunEntries(batch, true, true, NIL);
 		return;
 	}
-	else
-		batch = LendSlowSteps(PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH)
-									   : dwarf_batch_size));
+	batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) : dwarf_batch_size);
+	requests = OwnersRequests(BatchOwner(batch, requests), requests);
+	ReplaceIfServedOthers(BatchOwner(batch, requests));
+	batch = LendSlowSteps(batch);
 	if (batch == NIL && requests == NIL)
 		return;					/* an isolated batch is still owed: keep the flag */
 	IsolateNext = false;
@@ -1271,6 +1357,7 @@ WorkerInit(void)
 	Worker.flows = hash_create("dwarf flows", 1024, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	QueueInit();
 	StoreInit();
+	SessionInit();
 }
 
 /*

@@ -39,6 +39,7 @@ typedef struct ReadyEntry
 	uint64		seq;
 	TimestampTz due;
 	struct FairKey *fair;
+	struct OwnerQueue *queue;	/* its owner role's ready queue */
 	int32		weight;
 	double		vtime;
 	int			contended;		/* lock conflicts it met so far (worker.c) */
@@ -156,6 +157,15 @@ extern long RunnerPoll(void);
 extern void RunnerAdopt(void);
 extern bool FlowIsLent(int64 flow_id);
 extern void NoteTaskTime(GraphNode *node, int64 us);
+extern void NoteTaskOwnProcess(GraphNode *node);
+
+/* session.c */
+extern void SessionInit(void);
+extern const char *SessionRoleName(Oid role);
+extern bool SessionMustReplace(Oid owner);
+extern void SessionServe(Oid owner);
+extern void SessionTaskBegins(void);
+extern void SessionAfterTask(GraphNode *node);
 
 /* crashes.c */
 extern void CrashesInitWorker(void);
@@ -201,6 +211,7 @@ extern void NoteLoad(int64 flow_id, bool replay);
 extern void DropFlow(FlowRun *flow);
 extern void FailFlowRow(int64 id, const char *error);
 extern bool FlowStillRuns(int64 flow_id);
+extern void StepIdsFromNewBlock(void);
 extern void WriteClose(FlowRun *flow);
 extern void ParkRow(FlowRun *flow, Token *token);
 extern void DeleteAnswer(int64 flow_id, int token_id, int visits, int attempt);
