@@ -20,9 +20,13 @@
  *
  * A reset cannot reach what a library keeps in the process (dblink's named
  * connections, PL/Python's GD), nor a custom setting's name, which stays
- * defined (as '') once a task has set it.  So after every task the worker
- * looks whether a library from $libdir other than plpgsql's was loaded, or
- * a placeholder setting appeared.  If so, the process is tainted by the
+ * defined (as '') once a task has set it, nor the temporary schema once
+ * made (pg_my_temp_schema() says it is there).  So after every task the
+ * worker looks whether a library from $libdir other than plpgsql's was
+ * loaded, a placeholder setting appeared or the temporary schema was made
+ * (a task's temporary objects are dropped at once: a security-restricted
+ * operation refuses temporary tables, not functions, and no temporary
+ * object outlives its step).  If so, the process is tainted by the
  * owner it was serving: it goes on with that role's steps, and exits before
  * it would serve another (the launcher starts its replacement at once,
  * which loads the flows from the tables).  The task is remembered in shared
@@ -85,13 +89,20 @@ static List *LibrariesSeen = NIL;	/* names of $libdir files, in TopMemoryContext
 
 /* ---------- what a reset cannot reach ---------- */
 
-/* A role's name for the server log: outside a transaction, its OID only. */
+/* A role's name for the server log (outside a transaction, in one of its own). */
 const char *
 SessionRoleName(Oid role)
 {
-	char	   *name = IsTransactionState() ? GetUserNameFromId(role, true) : NULL;
+	bool		xact = !IsTransactionState();
+	char	   *name;
 
-	return name ? quote_identifier(name) : psprintf("with OID %u", role);
+	if (xact)
+		StartTransactionCommand();
+	name = GetUserNameFromId(role, true);
+	name = name ? pstrdup(quote_identifier(name)) : psprintf("with OID %u", role);
+	if (xact)
+		CommitTransactionCommand();
+	return name;
 }
 
 /* dl_iterate_phdr callback: the loader's count of objects loaded so far. */
@@ -141,6 +152,17 @@ FindNewLibrary(struct dl_phdr_info *info, size_t size, void *arg)
 			return 0;
 	*(const char **) arg = name;
 	return 1;
+}
+
+/* Has this process made its temporary schema (a task made a temporary object)? */
+static bool
+TempNamespaceInUse(void)
+{
+	Oid			temp;
+	Oid			toast;
+
+	GetTempNamespaceState(&temp, &toast);
+	return OidIsValid(temp);
 }
 
 /* Custom settings defined by no library (set by name only). */
@@ -217,6 +239,8 @@ NewProcessState(void)
 		SettingsSeen = GetNumConfigOptions();	/* plpgsql defined its own */
 		PlaceholdersSeen = placeholders;
 	}
+	if (TempNamespaceInUse())
+		return "a temporary schema";
 	return NULL;
 }
 
@@ -247,11 +271,17 @@ LookForProcessState(GraphNode *node)
 			 node ? errdetail("Steps of task \"%s\" run in runners from now on.", node->name) : 0));
 }
 
-/* A task of this node ran for the session's owner (see LookForProcessState). */
+/*
+ * A task of this node ran for the session's owner (see LookForProcessState).
+ * Temporary objects it made (a security-restricted operation refuses
+ * temporary tables, not functions) are dropped: none outlives its step.
+ */
 void
 SessionAfterTask(GraphNode *node)
 {
 	LookForProcessState(node);
+	if (TempNamespaceInUse())
+		ResetTempTableNamespace();
 }
 
 /*

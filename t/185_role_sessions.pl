@@ -6,9 +6,9 @@
 #  1. alice's task plants, in her session, what a session holds beyond a
 #     step: an open cursor over her table, an open large object, a dblink
 #     named connection (made with her password), a custom setting and a
-#     nextval of her sequence.  Her pg_temp function should be refused (a
-#     task is a security-restricted operation), but PostgreSQL 15 refuses
-#     only temporary tables there: a TODO test.
+#     nextval of her sequence, and a pg_temp function (a security-restricted
+#     operation refuses temporary tables only): it is dropped when her step
+#     ends, so each of her steps makes it afresh.
 #  2. bob's flows, a chain of three probing steps, see none of it: not while
 #     alice's flows run interleaved with his, not after they completed.
 #     Inside his tasks session_user and current_user are bob, is_superuser is
@@ -254,17 +254,15 @@ SELECT count(*) FROM dwarf.flow
 		  or diag $node->safe_psql('postgres', qq{
 SELECT id, status, error, state->'plant' FROM dwarf.flow
  WHERE owner = 'alice'::regrole AND input->>'round' = '$round' LIMIT 3});
-	  TODO:
-		{
-			local $TODO = 'PostgreSQL 15 refuses temporary tables in a security-restricted operation, not temporary functions';
-			is( $node->safe_psql('postgres', qq{
+		# A temporary function is allowed (a restricted operation refuses
+		# temporary tables only) and dropped when its step ends: each of
+		# alice's steps makes its own, none finds an earlier one.
+		is( $node->safe_psql('postgres', qq{
 SELECT count(*) FROM dwarf.flow
  WHERE owner = 'alice'::regrole AND input->>'round' = '$round'
-   AND jsonb_typeof(state->'plant'->'pg_temp') = 'string'
-   AND state->'plant'->>'pg_temp' NOT LIKE '%already exists%'}),
-				$alice,
-				"round $round: alice's pg_temp function was refused, in every flow");
-		}
+   AND state->'plant'->'pg_temp' = 'true'}),
+			$alice,
+			"round $round: alice's pg_temp function was made afresh in every flow (none outlived its step)");
 		note $node->safe_psql('postgres', qq{
 SELECT 'alice: ' || (state->'plant'->>'pg_temp') || ', descriptors ' || string_agg(state->'plant'->>'lo_fd', ' ')
   FROM dwarf.flow WHERE owner = 'alice'::regrole AND input->>'round' = '$round'
