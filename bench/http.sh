@@ -19,8 +19,9 @@
 # count) and the steps recorded per second (dwarf.step), against the
 # ideal N / DELAY_S; the flows running and the calls in flight at the
 # server (sampled every second: min and mean); and dwarf's processes' CPU
-# over the window as a fraction of one core.  SAMPLES=FILE keeps the
-# per-second samples.
+# over the window as a fraction of one core, and the whole machine's (from
+# /proc/stat: other work shares it).  SAMPLES=FILE keeps the per-second
+# samples.
 #
 #   bench/http.sh "host=/var/tmp/dwarfbench port=5480 dbname=bench" [calls] [delay_s]
 #   MODE=steady bench/http.sh "host=/var/tmp/dwarfbench port=5480 dbname=bench" 10000 60
@@ -137,7 +138,7 @@ steady() {
 		now=$(date +%s.%N)
 		sample=$("${PSQL[@]}" -F ' ' -c "SELECT count(*) FILTER (WHERE f.status = 'running'), count(*)
 		  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'bench_http_steady' AND f.created_at >= '$start'")
-		echo "$now $sample $(curl -s "$BASE/counts" | tr -d ' ') $(dwarf_ticks $(dwarf_pids))" >>"$samples"
+		echo "$now $sample $(curl -s "$BASE/counts" | tr -d ' ') $(dwarf_ticks $(dwarf_pids)) $(awk '/^cpu /{print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat)" >>"$samples"
 		set -- $sample
 		[[ $1 == 0 && $2 == "$N" ]] && break
 		sleep "$(python3 -c "import time; print(max(0, 1 - (time.time() - $now)))")"
@@ -157,8 +158,8 @@ t0, lo, hi = float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 n, delay, steps, hz = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
 rows = []
 for line in open(samples):
-    now, running, total, counts, ticks = line.split()
-    rows.append((float(now) - t0, int(running), int(total), json.loads(counts), int(ticks)))
+    now, running, total, counts, ticks, busy = line.split()
+    rows.append((float(now) - t0, int(running), int(total), json.loads(counts), int(ticks), int(busy)))
 win = [r for r in rows if lo <= r[0] <= hi]
 if len(win) < 2:
     sys.exit("the run ended before the window: no figures")
@@ -178,7 +179,8 @@ print(f"flows running in the window: min {min(running)}, mean {mean_running:.0f}
       f"calls in flight at the server: min {min(server)}, mean {mean_server:.0f}, peak {rows[-1][3]['peak']}")
 print(f"throughput: {answered:.1f} calls answered/s (server), {recorded:.1f} steps recorded/s (dwarf.step); "
       f"ideal {ideal:.1f}/s (flows running / {delay} s): {100 * answered / ideal:.1f}% and {100 * recorded / ideal:.1f}%")
-print(f"dwarf's processes' CPU over the window: {cpu:.2f} s in {span:.0f} s = {cpu / span:.3f} of one core")
+print(f"dwarf's processes' CPU over the window: {cpu:.2f} s in {span:.0f} s = {cpu / span:.3f} of one core; "
+      f"the machine's (everything): {(b[5] - a[5]) / hz / span:.2f} cores")
 PY
 }
 
