@@ -10,8 +10,10 @@
  * libcurl's multi interface: curl_multi_socket_action, with curl's sockets
  * and this process's latch in one WaitEventSet, so that thousands of calls
  * in flight cost nothing while they wait, and an offer (which sets the
- * latch: OffersWatch) is claimed at once.  The set is made again only when
- * curl's sockets changed since the last wait.
+ * latch: OffersWatch) is claimed at once.  curl's sockets are in an epoll
+ * set of this process's own, changed socket by socket as curl asks
+ * (SocketCallback), and that set is one socket of the WaitEventSet, which
+ * is made once: a wait costs the same with ten calls in flight or 10,000.
  *
  * Between claims and answers no transaction is open: a call in flight holds
  * no lock, no snapshot and no backend.  The answers of finished calls are
@@ -34,6 +36,7 @@
 #define CURL_DISABLE_TYPECHECK	/* its checks are macros of the names below */
 #include <curl/curl.h>
 #include <dlfcn.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 
 #include "access/xact.h"
@@ -168,17 +171,13 @@ typedef struct HttpCall
 	long		status;			/* the HTTP status, 0: none */
 } HttpCall;
 
-/* A socket curl wants watched, and for what (CURL_POLL_*). */
-typedef struct HttpSocket
-{
-	curl_socket_t fd;
-	int			what;
-} HttpSocket;
+/* Most of curl's socket events one wait takes (more wait for the next). */
+#define SOCKET_EVENTS	1024
 
 static CURLM *Multi = NULL;
-static HTAB *Sockets = NULL;
-static bool SocketsChanged = true;
-static WaitEventSet *WaitSet = NULL;
+static HTAB *Sockets = NULL;	/* the sockets in Epoll (curl_socket_t keys) */
+static int	Epoll = -1;			/* curl's sockets, for what curl wants of each */
+static WaitEventSet *WaitSet = NULL;	/* the latch, the postmaster, Epoll */
 static TimestampTz LimitDue = 0;	/* when a step left for want of room under
 									 * its limit may have it; 0: none */
 static TimestampTz CurlDue = 0; /* when curl wants its timeout action; 0: never */
@@ -234,20 +233,39 @@ dwarf_http_call(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(HttpAllowed(text_to_cstring(PG_GETARG_TEXT_PP(0))));
 }
 
-/* curl's socket callback: the sockets to wait on change. */
+/*
+ * curl's socket callback: what curl waits for on a socket changed, and
+ * Epoll changes with it (one epoll_ctl).  A socket closed behind curl's
+ * back has left the set by itself, and one reused since is added again.
+ * A change that fails is logged; its transfer then ends at its timeout.
+ */
 static int
 SocketCallback(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
-	HttpSocket *entry;
+	struct epoll_event ev;
+	bool		known;
+	int			rc;
 
 	if (what == CURL_POLL_REMOVE)
-		(void) hash_search(Sockets, &fd, HASH_REMOVE, NULL);
-	else
 	{
-		entry = hash_search(Sockets, &fd, HASH_ENTER, NULL);
-		entry->what = what;
+		if (hash_search(Sockets, &fd, HASH_REMOVE, NULL) != NULL)
+			(void) epoll_ctl(Epoll, EPOLL_CTL_DEL, fd, NULL);
+		return 0;
 	}
-	SocketsChanged = true;
+	memset(&ev, 0, sizeof(ev));
+	ev.data.fd = fd;
+	if (what == CURL_POLL_IN || what == CURL_POLL_INOUT)
+		ev.events |= EPOLLIN;
+	if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT)
+		ev.events |= EPOLLOUT;
+	(void) hash_search(Sockets, &fd, HASH_ENTER, &known);
+	rc = epoll_ctl(Epoll, known ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev);
+	if (rc != 0 && (errno == ENOENT || errno == EEXIST))
+		rc = epoll_ctl(Epoll, errno == ENOENT ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev);
+	if (rc != 0)
+		ereport(WARNING,
+				(errcode_for_socket_access(),
+				 errmsg("dwarf: could not watch an HTTP call's socket: %m")));
 	return 0;
 }
 
@@ -789,31 +807,35 @@ WriteAnswers(void)
 	}
 }
 
-/* Makes the wait set again from curl's sockets, the latch and the postmaster. */
+/*
+ * Lets curl act on its sockets that are ready: up to SOCKET_EVENTS of
+ * them, without waiting (the rest stay ready for the next call).
+ */
 static void
-BuildWaitSet(void)
+ActOnSockets(void)
 {
-	HASH_SEQ_STATUS seq;
-	HttpSocket *sock;
+	struct epoll_event events[SOCKET_EVENTS];
+	int			running;
+	int			n,
+				i;
 
-	if (WaitSet)
-		FreeWaitEventSet(WaitSet);
-	WaitSet = CreateWaitEventSet(TopMemoryContext, hash_get_num_entries(Sockets) + 2);
-	AddWaitEventToSet(WaitSet, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
-	AddWaitEventToSet(WaitSet, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-	hash_seq_init(&seq, Sockets);
-	while ((sock = hash_seq_search(&seq)) != NULL)
+	n = epoll_wait(Epoll, events, SOCKET_EVENTS, 0);
+	if (n < 0 && errno != EINTR)
+		ereport(ERROR,
+				(errcode_for_socket_access(),
+				 errmsg("dwarf: could not wait on HTTP calls' sockets: %m")));
+	for (i = 0; i < n; i++)
 	{
-		uint32		events = 0;
+		int			flags = 0;
 
-		if (sock->what == CURL_POLL_IN || sock->what == CURL_POLL_INOUT)
-			events |= WL_SOCKET_READABLE;
-		if (sock->what == CURL_POLL_OUT || sock->what == CURL_POLL_INOUT)
-			events |= WL_SOCKET_WRITEABLE;
-		if (events)
-			AddWaitEventToSet(WaitSet, events, sock->fd, NULL, NULL);
+		if (events[i].events & (EPOLLIN | EPOLLHUP))
+			flags |= CURL_CSELECT_IN;
+		if (events[i].events & EPOLLOUT)
+			flags |= CURL_CSELECT_OUT;
+		if (events[i].events & EPOLLERR)
+			flags |= CURL_CSELECT_ERR;
+		curl_multi_socket_action(Multi, events[i].data.fd, flags, &running);
 	}
-	SocketsChanged = false;
 }
 
 /*
@@ -823,8 +845,7 @@ BuildWaitSet(void)
 static void
 WaitAndAct(void)
 {
-	WaitEvent  *events;
-	int			nevents = hash_get_num_entries(Sockets) + 2;
+	WaitEvent	events[3];
 	long		timeout = -1;
 	int			running;
 	int			n,
@@ -839,29 +860,13 @@ WaitAndAct(void)
 		if (LimitDue > 0 && LimitDue <= now)
 			LimitDue = 0;		/* the claim that follows looks again */
 	}
-	if (timeout != 0)
+	n = WaitEventSetWait(WaitSet, timeout, events, lengthof(events), PG_WAIT_EXTENSION);
+	for (i = 0; i < n; i++)
 	{
-		if (SocketsChanged || WaitSet == NULL)
-			BuildWaitSet();
-		events = palloc(sizeof(WaitEvent) * nevents);
-		n = WaitEventSetWait(WaitSet, timeout, events, nevents, PG_WAIT_EXTENSION);
-		for (i = 0; i < n; i++)
-		{
-			int			flags = 0;
-
-			if (events[i].events & WL_LATCH_SET)
-			{
-				ResetLatch(MyLatch);
-				continue;
-			}
-			if (events[i].events & WL_SOCKET_READABLE)
-				flags |= CURL_CSELECT_IN;
-			if (events[i].events & WL_SOCKET_WRITEABLE)
-				flags |= CURL_CSELECT_OUT;
-			if (flags)
-				curl_multi_socket_action(Multi, events[i].fd, flags, &running);
-		}
-		pfree(events);
+		if (events[i].events & WL_LATCH_SET)
+			ResetLatch(MyLatch);
+		else if (events[i].events & WL_SOCKET_READABLE)
+			ActOnSockets();
 	}
 	if (CurlDue > 0 && CurlDue <= GetCurrentTimestamp())
 	{
@@ -921,8 +926,17 @@ HttpInit(void)
 
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(curl_socket_t);
-	ctl.entrysize = sizeof(HttpSocket);
+	ctl.entrysize = sizeof(curl_socket_t);
 	Sockets = hash_create("dwarf http sockets", 1024, &ctl, HASH_ELEM | HASH_BLOBS);
+	Epoll = epoll_create1(EPOLL_CLOEXEC);
+	if (Epoll < 0)
+		ereport(FATAL,
+				(errcode_for_socket_access(),
+				 errmsg("dwarf: could not create an epoll set for HTTP calls: %m")));
+	WaitSet = CreateWaitEventSet(TopMemoryContext, 3);
+	AddWaitEventToSet(WaitSet, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(WaitSet, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	AddWaitEventToSet(WaitSet, WL_SOCKET_READABLE, Epoll, NULL, NULL);
 	CallsContext = AllocSetContextCreate(TopMemoryContext, "dwarf http calls",
 										 ALLOCSET_DEFAULT_SIZES);
 }

@@ -16,20 +16,24 @@ What a path answers (the request's body is read and kept):
   /status/CODE     CODE with the body "status CODE here"
   /big/MB          200 with a body of MB megabytes
   /redirect        302 to /ok
-  /stats           {"requests": n, "in_flight": n, "peak": n, "by_path": {...},
+  /stats           {"requests": n, "answered": n, "in_flight": n, "peak": n, "by_path": {...},
                     "keys": {path: [Idempotency-Key, ...]}}; not counted
+  /counts          {"requests": n, "answered": n, "in_flight": n, "peak": n, "time": unix s}:
+                   the counts alone, small enough to sample every second; not counted
   /reset           zeroes the counts; not counted
 """
 import asyncio
 import json
 import sys
+import time
 
-stats = {"requests": 0, "in_flight": 0, "peak": 0, "by_path": {}, "keys": {}}
+# answered: requests whose whole answer was written (a call that ended)
+stats = {"requests": 0, "answered": 0, "in_flight": 0, "peak": 0, "by_path": {}, "keys": {}}
 fails = {}
 
 
 def reset():
-    stats.update(requests=0, in_flight=0, peak=0, by_path={}, keys={})
+    stats.update(requests=0, answered=0, in_flight=0, peak=0, by_path={}, keys={})
     fails.clear()
 
 
@@ -71,6 +75,11 @@ async def handle(reader, writer):
 async def route(writer, method, path, headers, body):
     if path == "/stats":
         await answer(writer, 200, json.dumps(stats).encode())
+        return
+    if path == "/counts":
+        counts = {k: stats[k] for k in ("requests", "answered", "in_flight", "peak")}
+        counts["time"] = time.time()
+        await answer(writer, 200, json.dumps(counts).encode())
         return
     if path == "/reset":
         reset()
@@ -115,6 +124,7 @@ async def route(writer, method, path, headers, body):
             await answer(writer, 302, b"", {"Location": "/ok"})
         else:
             await answer(writer, 404, b"no such path")
+        stats["answered"] += 1
     finally:
         stats["in_flight"] -= 1
 
