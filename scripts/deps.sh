@@ -21,6 +21,7 @@ PACKAGES=(
 	make
 	binutils
 	python3
+	python3-psycopg2
 	gnuplot-nox
 	jq
 )

@@ -10,9 +10,11 @@
 #      make prove_installcheck  TAP tests in t/*.pl, if any
 #      pg_prove                 pgTAP tests in test/pgtap/*.sql, if any, against a
 #                               throwaway cluster that preloads dwarf
+#      examples/run.sh          the example apps, against a throwaway cluster of
+#                               their own
 # The last line of output is "N passed, M failed" (the module check +
-# pg_regress tests + TAP files + pgTAP files); the exit status is 0 only when
-# M is 0 and N > 0.
+# pg_regress tests + TAP files + pgTAP files + examples); the exit status is
+# 0 only when M is 0 and N > 0.
 #
 # Environment: DWARF_TEST_BUDGET  seconds for the whole run (default 3000)
 #              DWARF_TEST_KEEP=1  keep the work directory even when all passed
@@ -362,4 +364,19 @@ if ((${#PGTAP_FILES[@]} > 0)); then
 	fi
 	"${AS_PG[@]}" "$PGTAP_DIR" pg_ctl -D "$PGTAP_DIR/data" stop -m fast -w -t 30 >/dev/null 2>&1 || true
 	kill_stragglers "$PGTAP_DIR"
+fi
+
+# --- 7. the example apps (examples/run.sh: a cluster of their own) ----------
+if [[ -x $SRC/examples/run.sh ]]; then
+	say "examples: examples/run.sh"
+	mkdir -p "$WORK/examples"
+	chown postgres:postgres "$WORK/examples"
+	rc=0
+	bounded "$LOGS/examples.log" 600 "${AS_PG[@]}" "$SRC" examples/run.sh "$WORK/examples" || rc=$?
+	if ((rc == 0)); then
+		record examples 1 0
+	else
+		record examples 0 1 "examples/run.sh exited with status $rc"
+	fi
+	kill_stragglers "$WORK/examples"
 fi
