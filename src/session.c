@@ -355,33 +355,47 @@ ReadRoleSettings(Relation rel, Oid database, Oid role)
 }
 
 /*
- * Makes the worker's session the owner's for a batch of its steps (in the
- * batch's transaction, before any of them runs): resets the session if it
- * was another role's, and reads the owner's role-level settings (every
- * batch: an ALTER ROLE sends no invalidation).
+ * Makes the worker's session the owner's, before a batch of its steps: if
+ * it was another role's, the session is reset and its authorization
+ * changed, in a transaction of their own (committed before the batch, so
+ * that the batch's rollback cannot bring back what the reset dropped).
  */
 void
 SessionServe(Oid owner)
 {
+	MemoryContext cxt = CurrentMemoryContext;
+	Oid			user;
+	int			sec;
+
+	if (owner == SessionOwner)
+		return;
+	StartTransactionCommand();
+	if (OidIsValid(SessionOwner))
+		SessionReset();
+	GetUserIdAndSecContext(&user, &sec);
+	SetSessionAuthorization(owner, superuser_arg(owner));
+	SetUserIdAndSecContext(user, sec);	/* the worker's own code stays its own */
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(cxt);
+	SessionOwner = owner;
+}
+
+/*
+ * Reads the session owner's role-level settings, in the batch's transaction
+ * (every batch: an ALTER ROLE sends no invalidation).
+ */
+void
+SessionReadSettings(void)
+{
 	Relation	rel;
 
-	if (owner != SessionOwner)
-	{
-		Oid			user;
-		int			sec;
-
-		if (OidIsValid(SessionOwner))
-			SessionReset();
-		GetUserIdAndSecContext(&user, &sec);
-		SetSessionAuthorization(owner, superuser_arg(owner));
-		SetUserIdAndSecContext(user, sec);	/* the worker's own code stays its own */
-		SessionOwner = owner;
-	}
 	MemoryContextReset(SettingsContext);
 	OwnerSettings = NIL;
+	if (!OidIsValid(SessionOwner))
+		return;
 	rel = table_open(DbRoleSettingRelationId, AccessShareLock);
-	ReadRoleSettings(rel, InvalidOid, owner);
-	ReadRoleSettings(rel, MyDatabaseId, owner);
+	ReadRoleSettings(rel, InvalidOid, SessionOwner);
+	ReadRoleSettings(rel, MyDatabaseId, SessionOwner);
 	table_close(rel, AccessShareLock);
 }
 

@@ -714,9 +714,10 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	b->parked = palloc(sizeof(int64) * Max(list_length(entries), b->max));
 	b->seen = 0xFFFFFFFF;
 	b->owner = BatchOwner(entries, requests);
-	BeginBatch();
 	if (OidIsValid(b->owner))
 		SessionServe(b->owner);
+	BeginBatch();
+	SessionReadSettings();
 	(void) ChangedSince(&b->seen, 0, 0);
 	StepTimerArm(b->seen);
 	b->deadline = GetCurrentTimestamp() + (TimestampTz) dwarf_batch_time * 1000;
@@ -744,8 +745,7 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 		if (!IntakeInBatch(requests, &flows))
 		{
 			BeginBatch();		/* rolled back: they were created apart */
-			if (OidIsValid(b->owner))
-				SessionServe(b->owner);
+			SessionReadSettings();
 		}
 		foreach(lc, flows)
 			if (((FlowRun *) lfirst(lc))->owner == b->owner)	/* RunBatch's choice */

@@ -164,6 +164,7 @@ extern void SessionInit(void);
 extern const char *SessionRoleName(Oid role);
 extern bool SessionMustReplace(Oid owner);
 extern void SessionServe(Oid owner);
+extern void SessionReadSettings(void);
 extern void SessionTaskBegins(void);
 extern void SessionAfterTask(GraphNode *node);
 
