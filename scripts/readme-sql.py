@@ -33,12 +33,16 @@ import tempfile
 
 OPEN = re.compile(r'^(\s*)```sql\s*$')
 FENCE = re.compile(r'^\s*```')
-ERROR = re.compile(r'^psql:(?P<file>[^:]*):(?P<line>\d+): (?P<level>ERROR|FATAL|PANIC):\s*(?P<msg>.*)$')
+# psql names the input line of everything it reports; all but these levels
+# are errors (a server's ERROR or FATAL, or psql's own: "no rows returned
+# for \gset", an invalid command).
+MESSAGE = re.compile(r'^psql:README\.md:(?P<line>\d+): (?P<msg>.*)$')
+NOT_ERROR = re.compile(r'^(NOTICE|WARNING|INFO|LOG|DEBUG\d?):')
 FAILS = re.compile(r'^\s*--\s*fails\b')
 NOT_RUN = re.compile(r'^\s*--\s*not run:\s*(?P<why>.+)$')
 DATABASE = 'readme'
 PORT = 55433  # names the socket only: the server listens on no TCP port
-PSQL_TIMEOUT = 600
+PSQL_TIMEOUT = 300
 
 
 class Block:
@@ -181,32 +185,32 @@ def main():
         # Which block each error came from.
         stray = []
         for line in output.split('\n'):
-            m = ERROR.match(line)
-            if not m:
+            m = MESSAGE.match(line)
+            if not m or NOT_ERROR.match(m.group('msg')):
                 continue
             n = int(m.group('line'))
             hit = [b for b in blocks if not b.skip and b.first - 1 <= n <= b.last + 1]
             if hit:
-                hit[0].errors.append((n, m.group('level'), m.group('msg')))
+                hit[0].errors.append((n, m.group('msg')))
             else:
                 stray.append(line)
 
         ran = [b for b in blocks if not b.skip]
         problems = []
-        stopped_at = None
+        not_reached = []
+        stopped = False
         for b in ran:
-            if b.fails:
+            if stopped:
+                not_reached.append(b)  # psql stopped at an earlier block
+            elif b.fails:
                 if not b.errors:
                     problems.append('%s is marked "-- fails" but raised no error' % b.where())
             elif b.errors:
-                n, level, msg = b.errors[0]
-                problems.append('README.md:%d: %s: %s\n    in %s' % (n, level, msg, b.where()))
-                stopped_at = b
+                n, msg = b.errors[0]
+                problems.append('README.md:%d: %s\n    in %s' % (n, msg, b.where()))
+                stopped = True
         for line in stray:
             problems.append('an error outside any block: %s' % line)
-        not_reached = []
-        if stopped_at is not None:
-            not_reached = [b for b in ran if b.first > stopped_at.first]
         if timed_out:
             problems.append('psql did not finish within %d s (see %s for where it was)' % (PSQL_TIMEOUT, outfile))
         elif status != 0 and not problems:
