@@ -12,8 +12,10 @@
 #                               throwaway cluster that preloads dwarf
 #      examples/run.sh          the example apps, against a throwaway cluster of
 #                               their own
+#      scripts/readme-sql.py    every ```sql block of README.md, in one psql
+#                               session, on a throwaway cluster of its own
 # The last line of output is "N passed, M failed" (the module check +
-# pg_regress tests + TAP files + pgTAP files + examples); the exit status is
+# pg_regress tests + TAP files + pgTAP files + examples + README.md); the exit status is
 # 0 only when M is 0 and N > 0.
 #
 # Environment: DWARF_TEST_BUDGET  seconds for the whole run (default 3000)
@@ -380,3 +382,21 @@ if [[ -x $SRC/examples/run.sh ]]; then
 	fi
 	kill_stragglers "$WORK/examples"
 fi
+# --- 8. README.md: its SQL runs as written ----------------------------------
+# scripts/readme-sql.py makes a cluster under $WORK/readme (kill_stragglers
+# stops it if we are interrupted), runs every ```sql block of README.md in
+# one psql session and names the README line of a block that failed.
+say "README.md: scripts/readme-sql.py"
+rc=0
+bounded "$LOGS/readme.log" 600 "${AS_PG[@]}" "$SRC" \
+	python3 scripts/readme-sql.py --bindir "$PG_BIN" --workdir "$WORK/readme" README.md || rc=$?
+note=""
+if ((rc != 0)); then
+	note=$(grep -m 1 '^FAILED: ' "$LOGS/readme.log" | cut -c 9-80 || true)
+	note=${note:-"scripts/readme-sql.py exited with status $rc"}
+	record README 0 1 "$note"
+	show "$WORK/readme/server.log" 100
+else
+	record README 1 0 "$(grep -m 1 '^readme: ' "$LOGS/readme.log" | cut -c 9- || true)"
+fi
+kill_stragglers "$WORK/readme"
