@@ -24,6 +24,8 @@ PACKAGES=(
 	python3-psycopg2
 	gnuplot-nox
 	jq
+	prometheus-postgres-exporter
+	prometheus
 )
 
 log() { printf 'deps: %s\n' "$*"; }
