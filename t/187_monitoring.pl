@@ -117,7 +117,7 @@ CREATE FUNCTION dwarf.stats_histogram()
 CREATE VIEW dwarf.health AS
 	SELECT 'pay'::text AS graph, 0::float8 AS oldest_running_s, NULL::float8 AS oldest_interrupted_s,
 		   0::bigint AS ready_backlog, 0::bigint AS timers_due, 0 AS runners_busy, 8 AS runners_max,
-		   0::bigint AS poison_steps, NULL::timestamptz AS last_maintain;
+		   0::bigint AS poison_steps, (SELECT max(started_at) FROM dwarf.maintain_log) AS last_maintain;
 GRANT USAGE ON SCHEMA dwarf TO pg_monitor;
 GRANT SELECT ON dwarf.graph_stats, dwarf.task_stats, dwarf.health, public.standin_flow,
 	public.standin_step TO pg_monitor;
@@ -125,6 +125,7 @@ GRANT SELECT ON dwarf.graph_stats, dwarf.task_stats, dwarf.health, public.standi
 
 is($node->safe_psql('postgres', q{SELECT dwarf.purge(older_than => '0 s')}),
 	'25', 'dwarf.purge deletes the 25 closed flows');
+$node->safe_psql('postgres', 'SELECT dwarf.maintain()');
 
 # 2. The exporter, on a free loopback port, connected as the pg_monitor member.
 my $port    = PostgreSQL::Test::Cluster::get_free_port();
@@ -225,6 +226,13 @@ for my $h ([ 'dwarf_flow_duration_seconds', %pay ],
 }
 is(value_of('dwarf_flow_duration_seconds_count', %pay), 25,
 	'the flow histogram counts the 25 closed flows');
+
+my $age = value_of('dwarf_maintain_age_seconds', database => 'postgres');
+ok(defined $age && $age ne '+Inf' && $age >= 0,
+	'dwarf_maintain_age_seconds is finite after a dwarf.maintain() pass (' . ($age // 'none') . ')');
+is(value_of('dwarf_runners_max', database => 'postgres'),
+	$node->safe_psql('postgres', 'SELECT max(runners_max) FROM dwarf.health'),
+	'dwarf_runners_max is the health view\'s runners_max');
 
 my @unlabelled = grep { $_->[0] =~ /^dwarf_/ && ($_->[1]{database} // '') ne 'postgres' } @series;
 is(scalar @unlabelled, 0, 'every dwarf series has database="postgres"')
