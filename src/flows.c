@@ -330,10 +330,12 @@ CheckNotStandby(const char *function)
 }
 
 /*
- * A new flow id: this shard's number, the low bits of the WAL timeline, and
- * the sequence's value.  The timeline changes at every promotion, so a
- * standby promoted after an asynchronous failover never hands out again an
- * id (nor a dwarf.step_key()) that the lost primary had given out.
+ * A new flow id: this shard's number, an epoch, and the sequence's value.
+ * The epoch is the WAL timeline less one (its low 8 bits), so a server
+ * never promoted (timeline 1) hands out small ids: 1, 2, 3...  The timeline
+ * changes at every promotion, so a standby promoted after an asynchronous
+ * failover (timeline 2, epoch 1) never hands out again an id (nor a
+ * dwarf.step_key()) that the lost primary had given out.
  */
 int64
 NewFlowId(void)
@@ -350,7 +352,7 @@ NewFlowId(void)
 				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
 				 errmsg("dwarf.flow_seq is past 2^40")));
 	return ((int64) dwarf_shard_id << DWARF_SHARD_SHIFT) |
-		((int64) (GetWALInsertionTimeLine() & 0xFF) << DWARF_EPOCH_SHIFT) | value;
+		((int64) ((GetWALInsertionTimeLine() - 1) & 0xFF) << DWARF_EPOCH_SHIFT) | value;
 }
 
 /* ---------- flow rows ---------- */
