@@ -288,7 +288,7 @@ my (@paged, $before, $pages);
 while (1)
 {
 	my $page = r('SELECT string_agg(flow_id::text, \',\' ORDER BY flow_id DESC) FROM dwarf.list(before => '
-		  . ($before // 'NULL') . ', "limit" => 37)');
+		  . ($before // 'NULL') . ', page_size => 37)');
 	last if $page eq '';
 	my @rows = split /,/, $page;
 	push @paged, @rows;
