@@ -23,7 +23,8 @@ COMMENT ON COLUMN dwarf.graph.owner IS
 
 CREATE SEQUENCE dwarf.flow_seq;
 COMMENT ON SEQUENCE dwarf.flow_seq IS
-	'Low 48 bits of flow ids; the high bits carry dwarf.shard_id';
+	'Low 40 bits of flow ids; bits 40 to 47 carry the WAL timeline less one (0 until a promotion), '
+	'bits 48 to 62 dwarf.shard_id';
 
 CREATE TABLE dwarf.flow (
 	id			bigint PRIMARY KEY,
