@@ -268,6 +268,13 @@ SELECT r -> 'days_made' ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS mad
 	   (r ->> 'moved_flows')::int >= 1 AS moved
   FROM dwarf.maintain_at(now() + interval '2 months') r;
 SELECT rt.place(id) FROM rt.flows WHERE name = 'late';
+-- a dry run of the next pass says what it would drop, with how many flows,
+-- and drops nothing
+SELECT (r ->> 'dry_run')::boolean AS dry_run,
+	   (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS would_drop_today,
+	   (r ->> 'flows_in_days_dropped')::int >= 1 AS with_its_flows
+  FROM dwarf.maintain_at(now() + interval '2 months', dry_run => true) r;
+SELECT rt.place(id) FROM rt.flows WHERE name = 'late';
 SELECT (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS dropped_on_the_next_pass
   FROM dwarf.maintain_at(now() + interval '2 months') r;
 SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
