@@ -23,7 +23,8 @@ COMMENT ON COLUMN dwarf.graph.owner IS
 
 CREATE SEQUENCE dwarf.flow_seq;
 COMMENT ON SEQUENCE dwarf.flow_seq IS
-	'Low 48 bits of flow ids; the high bits carry dwarf.shard_id';
+	'Low 40 bits of flow ids; bits 40 to 47 carry the WAL timeline less one (0 until a promotion), '
+	'bits 48 to 62 dwarf.shard_id';
 
 CREATE TABLE dwarf.flow (
 	id			bigint PRIMARY KEY,
@@ -313,15 +314,55 @@ $$;
 COMMENT ON FUNCTION dwarf.flow_steps(bigint) IS
 	'The steps of a flow (live or archived) the caller may see, in no particular order';
 
+/*
+ * A failed flow's error names the task that failed and its SQLSTATE, detail
+ * and hint, beside the message (error, kept as it was): they are read from
+ * the failed step whose message the flow's error is (its error document,
+ * what an on_error handler finds in onErr), so a flow row stores the
+ * message only.  A flow failed by the engine rather than by a step (its
+ * graph version gone, a step that could not be recorded) has only the
+ * message.
+ */
 CREATE TYPE dwarf.outcome AS (
 	flow_id		bigint,
 	status		text,
 	state		jsonb,
 	error		text,
 	interrupt_payload jsonb,
-	cancel_reason text
+	cancel_reason text,
+	error_task	text,
+	error_sqlstate text,
+	error_detail text,
+	error_hint	text
 );
-COMMENT ON TYPE dwarf.outcome IS 'What dwarf.await and dwarf.run return';
+COMMENT ON TYPE dwarf.outcome IS
+	'What dwarf.await, dwarf.await_all, dwarf.await_any and dwarf.run return; a failed flow''s error_task, '
+	'error_sqlstate, error_detail and error_hint come from the step that failed it';
+
+/*
+ * The error document of the step that failed a flow (status failed, error
+ * its message), NULL for any other flow.  A subquery of the readers below:
+ * a CASE around it keeps it off every flow but a failed one.
+ */
+CREATE FUNCTION dwarf.failed_step_error(flow_id bigint, error text) RETURNS jsonb
+	LANGUAGE sql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT s.error FROM dwarf.flow_steps(failed_step_error.flow_id) s
+	 WHERE s.status = 'failed' AND s.error ->> 'message' = failed_step_error.error
+	 ORDER BY s.step_id DESC LIMIT 1
+$$;
+COMMENT ON FUNCTION dwarf.failed_step_error(bigint, text) IS
+	'The error document ({message, sqlstate, detail, hint, task}) of the step whose error, error, failed the flow; '
+	'NULL when no step did';
+
+CREATE FUNCTION dwarf.check_flow(flow_id bigint) RETURNS void
+	LANGUAGE c STRICT STABLE
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_check_flow';
+COMMENT ON FUNCTION dwarf.check_flow(bigint) IS
+	'Raises the error every dwarf function that takes a flow id raises for one the caller cannot see, live or '
+	'archived: "flow N does not exist" (SQLSTATE 42704), with a hint when the id names another shard or timeline';
 
 /*
  * Functions.
@@ -365,6 +406,24 @@ CREATE FUNCTION dwarf.await(flow_id bigint, timeout interval DEFAULT '30 s')
 	AS 'MODULE_PATHNAME', 'dwarf_await';
 COMMENT ON FUNCTION dwarf.await(bigint, interval) IS
 	'Waits until the flow closes or is interrupted, or the timeout passes, and returns its outcome';
+
+CREATE FUNCTION dwarf.await_all(flow_ids bigint[], timeout interval DEFAULT '30 s')
+	RETURNS SETOF dwarf.outcome
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_await_all';
+COMMENT ON FUNCTION dwarf.await_all(bigint[], interval) IS
+	'Waits until every flow closes or is interrupted, or the timeout passes, in one connection; '
+	'returns one outcome per element of flow_ids, in their order (past the timeout, as each is now)';
+
+CREATE FUNCTION dwarf.await_any(flow_ids bigint[], timeout interval DEFAULT '30 s')
+	RETURNS dwarf.outcome
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_await_any';
+COMMENT ON FUNCTION dwarf.await_any(bigint[], interval) IS
+	'Waits until one of the flows closes or is interrupted, and returns its outcome (the first such in flow_ids'' '
+	'order); past the timeout, the first flow''s outcome as it is now (running)';
 
 CREATE FUNCTION dwarf.run(graph text, input jsonb DEFAULT '{}',
 						  timeout interval DEFAULT '30 s',
@@ -666,39 +725,51 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   state jsonb, error text, interrupt_payload jsonb,
 				   cancel_reason text, steps bigint,
-				   created_at timestamptz, finished_at timestamptz)
+				   created_at timestamptz, finished_at timestamptz,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
+	SELECT dwarf.check_flow(snapshot.flow_id);
 	SELECT f.id, g.name, g.version, f.status,
 		   coalesce(f.state, dwarf.state_at(f.id)),
 		   f.error, f.interrupt_payload, f.cancel_reason,
 		   (SELECT count(*) FROM dwarf.flow_steps(f.id)),
-		   f.created_at, f.finished_at
-	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
-	 WHERE f.id = snapshot.flow_id
+		   f.created_at, f.finished_at,
+		   e.doc ->> 'task', e.doc ->> 'sqlstate', e.doc ->> 'detail', e.doc ->> 'hint'
+	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id,
+		   LATERAL (SELECT CASE WHEN f.status = 'failed'
+								THEN dwarf.failed_step_error(f.id, f.error) END AS doc) e
+	 WHERE f.id = snapshot.flow_id;
 $$;
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
-	'A flow''s status and state now (while it runs: its input with every committed step''s changes folded in)';
+	'A flow''s status and state now (while it runs: its input with every committed step''s changes folded in); '
+	'an unknown flow is an error';
 
 CREATE FUNCTION dwarf.history(flow_id bigint)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
+	SELECT dwarf.check_flow(history.flow_id);
 	SELECT s.step_id, s.task, s.status, s.attempt, s.started_at,
-		   s.finished_at, s.error ->> 'message', s.changes
+		   s.finished_at, s.error ->> 'message', s.changes,
+		   s.error ->> 'sqlstate', s.error ->> 'detail', s.error ->> 'hint'
 	  FROM dwarf.flow_steps(history.flow_id) s
-	 ORDER BY s.step_id
+	 ORDER BY s.step_id;
 $$;
-COMMENT ON FUNCTION dwarf.history(bigint) IS 'One row per step of a flow, in execution order';
+COMMENT ON FUNCTION dwarf.history(bigint) IS
+	'One row per step of a flow, in execution order; a failed attempt''s error with its SQLSTATE, detail and hint. '
+	'An unknown flow is an error';
 
 CREATE FUNCTION dwarf.step(flow_id bigint, task text)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -709,28 +780,37 @@ COMMENT ON FUNCTION dwarf.step(bigint, text) IS 'The steps that ran one task of 
 CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 						   since timestamptz DEFAULT NULL, until timestamptz DEFAULT NULL,
 						   thread text DEFAULT NULL, error_like text DEFAULT NULL,
-						   before bigint DEFAULT NULL, "limit" int DEFAULT 100)
+						   before bigint DEFAULT NULL, page_size int DEFAULT 100)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   thread text, error text, created_at timestamptz,
-				   finished_at timestamptz)
+				   finished_at timestamptz, interrupt_payload jsonb,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE
 	SET search_path = pg_catalog, pg_temp
 	AS $$
-	SELECT f.id, g.name, g.version, f.status, f.thread, f.error, f.created_at, f.finished_at
-	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
-	 WHERE (list.graph IS NULL OR g.name = list.graph OR g.owner::text || '.' || g.name = list.graph)
-	   AND (list.status IS NULL OR f.status = list.status)
-	   AND (list.since IS NULL OR f.created_at >= list.since)
-	   AND (list.until IS NULL OR f.created_at < list.until)
-	   AND (list.thread IS NULL OR f.thread = list.thread)
-	   AND (list.error_like IS NULL OR f.error ILIKE list.error_like)
-	   AND (list.before IS NULL OR f.id < list.before)
-	 ORDER BY f.id DESC
-	 LIMIT list."limit"
+	SELECT l.id, l.name, l.version, l.status, l.thread, l.error, l.created_at, l.finished_at,
+		   l.interrupt_payload,
+		   e.doc ->> 'task', e.doc ->> 'sqlstate', e.doc ->> 'detail', e.doc ->> 'hint'
+	  FROM (SELECT f.id, g.name, g.version, f.status, f.thread, f.error, f.created_at,
+				   f.finished_at, f.interrupt_payload
+			  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
+			 WHERE (list.graph IS NULL OR g.name = list.graph OR g.owner::text || '.' || g.name = list.graph)
+			   AND (list.status IS NULL OR f.status = list.status)
+			   AND (list.since IS NULL OR f.created_at >= list.since)
+			   AND (list.until IS NULL OR f.created_at < list.until)
+			   AND (list.thread IS NULL OR f.thread = list.thread)
+			   AND (list.error_like IS NULL OR f.error ILIKE list.error_like)
+			   AND (list.before IS NULL OR f.id < list.before)
+			 ORDER BY f.id DESC
+			 LIMIT list.page_size) l,
+		   LATERAL (SELECT CASE WHEN l.status = 'failed'
+								THEN dwarf.failed_step_error(l.id, l.error) END AS doc) e
+	 ORDER BY l.id DESC
 $$;
 COMMENT ON FUNCTION dwarf.list(text, text, timestamptz, timestamptz, text, text, bigint, int) IS
-	'The caller''s flows, newest first, filtered (graph: a name, any owner''s, or role.name); '
-	'pass the last flow_id seen as "before" for the next page';
+	'The caller''s flows, newest first, filtered (graph: a name, any owner''s, or role.name), page_size at a time: '
+	'pass the last flow_id seen as "before" for the next page. An interrupted flow''s payload is in '
+	'interrupt_payload, a failed one''s task and SQLSTATE in error_task and error_sqlstate';
 
 CREATE FUNCTION dwarf.history_mermaid(flow_id bigint) RETURNS text
 	LANGUAGE plpgsql STABLE STRICT
@@ -746,13 +826,10 @@ DECLARE
 	froms text[];
 	tos text[];
 BEGIN
+	PERFORM dwarf.check_flow(history_mermaid.flow_id);
 	SELECT g.definition INTO def
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE f.id = history_mermaid.flow_id;
-	IF def IS NULL THEN
-		RAISE EXCEPTION 'flow % does not exist', history_mermaid.flow_id
-			USING ERRCODE = 'undefined_object';
-	END IF;
 	tasks := ARRAY(SELECT jsonb_object_keys(def -> 'tasks') ORDER BY 1);
 
 	/* One node per task, styled by the outcome of its last step. */
@@ -839,14 +916,15 @@ COMMENT ON FUNCTION dwarf.delete(bigint) IS
 	'Deletes a flow, its steps and its child flows, whatever their status; '
 	'a child flow whose parent is still running or interrupted is refused (cancel it instead)';
 
-CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days')
+CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days', all_roles boolean DEFAULT false)
 	RETURNS bigint
 	LANGUAGE c STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_purge';
-COMMENT ON FUNCTION dwarf.purge(interval) IS
-	'Deletes the caller''s closed flows (and their steps) that finished longer ago than older_than, '
-	'but for children of a parent still open; returns how many';
+COMMENT ON FUNCTION dwarf.purge(interval, boolean) IS
+	'Deletes the caller''s own closed flows (and their steps) that finished longer ago than older_than, '
+	'but for children of a parent still open; returns how many. With all_roles, those of every role whose '
+	'privileges the caller has (a superuser: every role''s)';
 
 CREATE FUNCTION dwarf.worker_stats()
 	RETURNS TABLE (database oid, worker int, pid int, flows_loaded bigint,
@@ -973,7 +1051,18 @@ COMMENT ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) IS
 	'For dwarf.maintain: moves the steps of flows it archived (closed[i]: when flow_ids[i] closed) '
 	'into the day partitions of dwarf.step_archive, sorted by flow';
 
-CREATE FUNCTION dwarf.maintain(now timestamptz DEFAULT now()) RETURNS jsonb
+/*
+ * A pass of dwarf.maintain as if the time were now: what dwarf.maintain()
+ * runs with now(), and what tests run with a later time, to see days expire
+ * without waiting for them.  With a time ahead of the clock it drops days
+ * that still hold flows which have not reached their retention, so it is
+ * not dwarf.maintain's argument (where a mistaken call would drop them) but
+ * a function of its own, granted to no one: only the extension's owner and
+ * superusers may call it.  With dry_run, it changes nothing (no partition
+ * made or dropped, no flow moved, no log row) and returns what the pass
+ * would do.
+ */
+CREATE FUNCTION dwarf.maintain_at(now timestamptz, dry_run boolean DEFAULT false) RETURNS jsonb
 	LANGUAGE plpgsql SECURITY DEFINER
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -981,10 +1070,12 @@ DECLARE
 	started		timestamptz := clock_timestamp();
 	archive_after interval := current_setting('dwarf.archive_after')::interval;
 	retention	interval := current_setting('dwarf.retention')::interval;
-	cutoff		timestamptz := maintain.now - archive_after;
-	today		date := (maintain.now AT TIME ZONE 'UTC')::date;
+	cutoff		timestamptz := maintain_at.now - archive_after;
+	today		date := (maintain_at.now AT TIME ZONE 'UTC')::date;
 	/* A day is dropped once all of it is older than the retention. */
-	expired_before date := ((maintain.now - retention) AT TIME ZONE 'UTC')::date;
+	expired_before date := ((maintain_at.now - retention) AT TIME ZONE 'UTC')::date;
+	dropped_flows bigint := 0;
+	n_dropped	bigint;
 	chunk		constant int := 2000;		/* flows moved per statement */
 	most		constant int := 200000;		/* flows moved per pass */
 	budget		constant interval := '20 s';
@@ -1027,6 +1118,12 @@ BEGIN
 	lock_timeout := current_setting('lock_timeout');
 	FOR d IN SELECT a.day, a.partition FROM dwarf.archive_days('dwarf.flow_archive') a
 			  WHERE a.day < expired_before LOOP
+		IF dry_run THEN
+			EXECUTE format('SELECT count(*) FROM %s', d.partition) INTO n_dropped;
+			dropped_flows := dropped_flows + n_dropped;
+			dropped := dropped || to_char(d.day, 'YYYY-MM-DD');
+			CONTINUE;
+		END IF;
 		BEGIN
 			PERFORM set_config('lock_timeout', '500ms', true);
 			EXECUTE format('DROP TABLE IF EXISTS dwarf.%I, %s',
@@ -1040,7 +1137,9 @@ BEGIN
 
 	/* Today and the next two days, so that moves rarely wait for DDL. */
 	FOR i IN 0 .. 2 LOOP
-		IF today + i >= expired_before AND dwarf.make_archive_day(today + i) THEN
+		IF today + i >= expired_before AND
+			(CASE WHEN dry_run THEN to_regclass('dwarf.flow_archive_' || to_char(today + i, 'YYYYMMDD')) IS NULL
+				  ELSE dwarf.make_archive_day(today + i) END) THEN
 			made := made || to_char(today + i, 'YYYY-MM-DD');
 		END IF;
 	END LOOP;
@@ -1066,11 +1165,31 @@ BEGIN
 
 	/* The partitions of the days they closed on, if not there yet. */
 	FOR d IN SELECT DISTINCT (f.finished_at AT TIME ZONE 'UTC')::date AS day
-			   FROM dwarf.flow f WHERE f.id = ANY (ids) LOOP
-		IF dwarf.make_archive_day(d.day) THEN
+			   FROM dwarf.flow f WHERE f.id = ANY (ids) ORDER BY 1 LOOP
+		IF dry_run THEN
+			IF to_regclass('dwarf.flow_archive_' || to_char(d.day, 'YYYYMMDD')) IS NULL
+			   AND NOT to_char(d.day, 'YYYY-MM-DD') = ANY (made) THEN
+				made := made || to_char(d.day, 'YYYY-MM-DD');
+			END IF;
+		ELSIF dwarf.make_archive_day(d.day) THEN
 			made := made || to_char(d.day, 'YYYY-MM-DD');
 		END IF;
 	END LOOP;
+
+	/* A dry run counts what the moves would take, and stops there. */
+	IF dry_run THEN
+		RETURN jsonb_build_object(
+			'dry_run', true,
+			'moved_flows', coalesce(cardinality(ids), 0),
+			'moved_steps', (SELECT count(*) FROM dwarf.step s WHERE s.flow_id = ANY (ids)),
+			'partitions_made', cardinality(made),
+			'partitions_dropped', cardinality(dropped),
+			'days_made', to_jsonb(made),
+			'days_dropped', to_jsonb(dropped),
+			'flows_in_days_dropped', dropped_flows,
+			'more', more,
+			'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
+	END IF;
 
 	/*
 	 * Moved in chunks: the flows' rows in one statement, then their steps
@@ -1111,7 +1230,7 @@ BEGIN
 		'days_left_for_next_pass', to_jsonb(deferred),
 		'more', more,
 		'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
-	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain.now, result);
+	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain_at.now, result);
 	-- answers that came as their flow closed or was cancelled: no one records them
 	DELETE FROM dwarf.answer a
 	 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
@@ -1122,11 +1241,21 @@ BEGIN
 	RETURN result;
 END
 $$;
-REVOKE ALL ON FUNCTION dwarf.maintain(timestamptz) FROM PUBLIC;
-COMMENT ON FUNCTION dwarf.maintain(timestamptz) IS
+REVOKE ALL ON FUNCTION dwarf.maintain_at(timestamptz, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.maintain_at(timestamptz, boolean) IS
+	'A pass of dwarf.maintain as if the time were now (for tests: a time ahead drops days before their retention); '
+	'granted to no one, unlike dwarf.maintain';
+
+CREATE FUNCTION dwarf.maintain(dry_run boolean DEFAULT false) RETURNS jsonb
+	LANGUAGE sql SECURITY DEFINER
+	SET search_path = pg_catalog, pg_temp
+	AS $$ SELECT dwarf.maintain_at(pg_catalog.now(), maintain.dry_run) $$;
+REVOKE ALL ON FUNCTION dwarf.maintain(boolean) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 	'Moves flows closed for longer than dwarf.archive_after (and their steps) into the archive, drops archive days '
-	'older than dwarf.retention and makes the next days'' partitions; returns what it did. For the extension''s owner '
-	'(GRANT EXECUTE to an operator role); schedule it with pg_cron';
+	'older than dwarf.retention and makes the next days'' partitions; returns what it did. With dry_run => true it '
+	'changes nothing and returns what a pass would do. For the extension''s owner '
+	'(GRANT EXECUTE, and USAGE on schema dwarf, to an operator role); schedule it with pg_cron';
 
 CREATE VIEW dwarf.storage AS
 	SELECT pg_total_relation_size('dwarf.flow') AS live_flow_bytes,

@@ -51,6 +51,7 @@ extern void ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, D
 /* ---------- graphs and flows ---------- */
 
 extern int64 NewFlowId(void);
+extern void FlowNotFound(int64 flow_id) pg_attribute_noreturn();
 extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 						text *key, Jsonb *input, Jsonb *options, bool *is_new);
 extern int64 InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
