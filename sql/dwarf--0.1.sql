@@ -968,6 +968,121 @@ GRANT SELECT ON dwarf.maintain_log TO PUBLIC;
 /* Dumped by pg_dump with the rest of dwarf's tables: dwarf.storage shows it. */
 SELECT pg_catalog.pg_extension_config_dump('dwarf.maintain_log', '');
 
+/*
+ * Cumulative statistics (stats.c), per database, graph and task, in shared
+ * memory: they count on when flows are archived or purged, survive an
+ * orderly restart, and start again from zero after a crash or
+ * dwarf.stats_reset().  Readable by members of pg_monitor: aggregates only,
+ * never a flow's contents.  A graph is named by its name alone (the graphs
+ * of two owners with one name count together).
+ */
+CREATE FUNCTION dwarf.stats_counters()
+	RETURNS TABLE (graph text, task text,
+				   flows_created bigint, flows_completed bigint, flows_failed bigint,
+				   flows_cancelled bigint,
+				   steps_run bigint, steps_failed bigint, steps_retried bigint,
+				   flow_seconds_sum float8, flow_seconds_count bigint,
+				   flow_p50_s float8, flow_p95_s float8, flow_p99_s float8,
+				   step_seconds_sum float8, step_seconds_count bigint,
+				   step_p50_s float8, step_p95_s float8, step_p99_s float8,
+				   stats_reset timestamptz)
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_counters';
+COMMENT ON FUNCTION dwarf.stats_counters() IS
+	'This database''s counters: a row per graph (task NULL: its flows, and its steps of all tasks) and one per task; '
+	'read through dwarf.graph_stats and dwarf.task_stats';
+
+CREATE VIEW dwarf.graph_stats AS
+	SELECT graph, flows_created, flows_completed, flows_failed, flows_cancelled,
+		   steps_run, steps_failed, steps_retried,
+		   flow_seconds_sum, flow_seconds_count, flow_p50_s, flow_p95_s, flow_p99_s,
+		   step_seconds_sum, step_seconds_count, step_p50_s, step_p95_s, step_p99_s,
+		   stats_reset
+	  FROM dwarf.stats_counters()
+	 WHERE task IS NULL;
+COMMENT ON VIEW dwarf.graph_stats IS
+	'Per graph, cumulative: flows created, completed, failed, cancelled; steps run (every attempt), failed, retried; '
+	'flow durations (created to closed) and step durations (started to finished): sum, count and percentiles '
+	'estimated from the histogram (NULL when empty); stats_reset: since when they count';
+
+CREATE VIEW dwarf.task_stats AS
+	SELECT graph, task, steps_run, steps_failed, steps_retried,
+		   step_seconds_sum, step_seconds_count, step_p50_s, step_p95_s, step_p99_s
+	  FROM dwarf.stats_counters()
+	 WHERE task IS NOT NULL;
+COMMENT ON VIEW dwarf.task_stats IS
+	'Per task of each graph, cumulative: steps run (every attempt), failed (status failed), retried (status retry), '
+	'and their durations';
+
+CREATE FUNCTION dwarf.stats_histogram()
+	RETURNS TABLE (graph text, task text, kind text, le float8, count bigint)
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_histogram';
+COMMENT ON FUNCTION dwarf.stats_histogram() IS
+	'Duration histograms, a row per bucket: kind flow (per graph, task NULL) or step (per task); '
+	'count: durations of at most le seconds (cumulative; the last bucket, le Infinity, holds them all)';
+
+CREATE FUNCTION dwarf.stats_reset() RETURNS void
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_reset';
+COMMENT ON FUNCTION dwarf.stats_reset() IS
+	'Zeroes this database''s counters and histograms (stats_reset becomes now); the extension''s owner or a superuser only';
+
+CREATE FUNCTION dwarf.stats_shared()
+	RETURNS TABLE (ready_backlog bigint, timers_due bigint, runners_busy int, runners_max int,
+				   poison_steps bigint)
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_shared';
+COMMENT ON FUNCTION dwarf.stats_shared() IS
+	'What dwarf.health reads of shared memory';
+
+/*
+ * The open flows, for dwarf.health's ages (and the workers' scan at start):
+ * an index of running and interrupted flows only, so that its reads never
+ * go through closed ones.
+ */
+CREATE INDEX flow_open ON dwarf.flow (created_at) WHERE status IN ('running', 'interrupted');
+
+/*
+ * One row per graph with open flows, and one with graph NULL for the whole
+ * database (always there): the ages are the oldest of each; the rest is
+ * the database's, the same on every row.
+ */
+CREATE VIEW dwarf.health AS
+	WITH open AS (
+		SELECT g.name AS graph,
+			   min(f.created_at) FILTER (WHERE f.status = 'running') AS oldest_running,
+			   min(f.created_at) FILTER (WHERE f.status = 'interrupted') AS oldest_interrupted
+		  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+		 WHERE f.status IN ('running', 'interrupted')
+		 GROUP BY GROUPING SETS ((g.name), ())),
+	maintained AS (
+		SELECT started_at + took AS last_maintain
+		  FROM dwarf.maintain_log ORDER BY started_at DESC LIMIT 1)
+	SELECT o.graph,
+		   extract(epoch FROM now() - o.oldest_running)::float8 AS oldest_running_s,
+		   extract(epoch FROM now() - o.oldest_interrupted)::float8 AS oldest_interrupted_s,
+		   s.ready_backlog, s.timers_due, s.runners_busy, s.runners_max, s.poison_steps,
+		   m.last_maintain
+	  FROM open o CROSS JOIN dwarf.stats_shared() s LEFT JOIN maintained m ON true;
+COMMENT ON VIEW dwarf.health IS
+	'Per graph with open flows (and graph NULL: the whole database): age in seconds of the oldest running and '
+	'interrupted flow; and for the database: steps ready in the workers'' queues, steps waiting for a timer '
+	'(sleep, retry backoff), runners busy (all databases) and dwarf.max_runners, steps blamed for ending their '
+	'process, when dwarf.maintain last finished';
+
+REVOKE ALL ON FUNCTION dwarf.stats_counters(), dwarf.stats_histogram(), dwarf.stats_reset(),
+	dwarf.stats_shared() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dwarf.stats_counters(), dwarf.stats_histogram(), dwarf.stats_shared()
+	TO pg_monitor;
+/*
+ * pg_monitor needs the schema to read them; what else it may call there
+ * acts as its member, on its own flows, as for any role granted it.
+ */
+GRANT USAGE ON SCHEMA dwarf TO pg_monitor;
+REVOKE ALL ON dwarf.graph_stats, dwarf.task_stats, dwarf.health FROM PUBLIC;
+GRANT SELECT ON dwarf.graph_stats, dwarf.task_stats, dwarf.health TO pg_monitor;
+
 /* The archive's partitions of one table, with the UTC day each holds. */
 CREATE FUNCTION dwarf.archive_days(parent regclass)
 	RETURNS TABLE (day date, partition regclass)

@@ -50,6 +50,7 @@
 #include "shmem.h"
 #include "json.h"
 #include "flows.h"
+#include "stats.h"
 
 /* What to tell the workers (and the launcher) when this transaction commits. */
 typedef struct PendingNote
@@ -534,6 +535,13 @@ InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 				 text_to_cstring(key));
 		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	}
+
+	/*
+	 * A new flow counts as created (stats.c), unless the worker that wrote
+	 * it takes it in from its row (row): TakeInFlow counts those.
+	 */
+	if (*is_new && row == NULL)
+		StatsFlowCreated(graph_id, NULL);
 	RestoreUser(saved);
 	return id;
 }
@@ -581,7 +589,8 @@ CancelDescendants(int64 flow_id, int64 root, const char *reason)
 	{
 		if (flow_id == root)
 			Exec("UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(), cancel_reason = $3"
-				 " WHERE root_id = $2 AND status IN ('running', 'interrupted') RETURNING id",
+				 " WHERE root_id = $2 AND status IN ('running', 'interrupted')"
+				 " RETURNING id, " CLOSED_FLOW_COLUMNS,
 				 3, types, args, NULL, SPI_OK_UPDATE_RETURNING);
 		else
 			Exec("WITH RECURSIVE tree AS ("
@@ -589,7 +598,7 @@ CancelDescendants(int64 flow_id, int64 root, const char *reason)
 				 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id)"
 				 " UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(), cancel_reason = $3"
 				 " WHERE id IN (SELECT id FROM tree) AND root_id = $2"
-				 "  AND status IN ('running', 'interrupted') RETURNING id",
+				 "  AND status IN ('running', 'interrupted') RETURNING id, " CLOSED_FLOW_COLUMNS,
 				 3, types, args, NULL, SPI_OK_UPDATE_RETURNING);
 		if (SPI_processed == 0)
 			break;
@@ -601,6 +610,7 @@ CancelDescendants(int64 flow_id, int64 root, const char *reason)
 				ids[total + i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
 															 SPI_tuptable->tupdesc, 1, &isnull));
 		}
+		StatsClosedRows(2, STATS_CANCELLED);
 		total += SPI_processed;
 	}
 	if (total > CANCEL_NOTES_PER_FLOW)
@@ -632,10 +642,12 @@ FailTreeOnCap(int64 root)
 	args[1] = CStringGetTextDatum(psprintf("the flow tree of flow " INT64_FORMAT " reached %d flows, the most dwarf.max_tree_flows allows",
 										   root, dwarf_max_tree_flows));
 	Exec("UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = now()"
-		 " WHERE id = $1 AND status IN ('running', 'interrupted') AND root_id IS NULL",
-		 2, types, args, NULL, SPI_OK_UPDATE);
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') AND root_id IS NULL"
+		 " RETURNING " CLOSED_FLOW_COLUMNS,
+		 2, types, args, NULL, SPI_OK_UPDATE_RETURNING);
 	if (SPI_processed == 1)
 	{
+		StatsClosedRows(1, STATS_FAILED);
 		NoteOnCommit(root, NOTE_RELOAD_FLOW, true);
 		NoteOnCommit(root, NOTE_CANCEL_FLOW, false);
 	}

@@ -83,6 +83,7 @@ typedef struct FlowRow
 	int64		parent_id;		/* 0: none */
 	bool		orphan;			/* a child whose parent has closed or gone */
 	int64		root_id;		/* the top of its tree of subgraphs; 0: itself */
+	TimestampTz created_at;		/* 0: now (a row the worker wrote itself) */
 } FlowRow;
 
 /*
@@ -106,7 +107,8 @@ enum
 	Anum_flowrow_start_task,
 	Anum_flowrow_parent_id,
 	Anum_flowrow_orphan,
-	Anum_flowrow_root_id
+	Anum_flowrow_root_id,
+	Anum_flowrow_created_at
 };
 #define FLOW_ROW_COLUMNS \
 	"f.id, f.graph_id, f.owner::oid, f.priority, f.input, f.resume_data, f.baggage," \
@@ -115,7 +117,7 @@ enum
 	" f.parent_id," \
 	" f.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id" \
 	"  AND p.status IN ('running', 'interrupted'))," \
-	" f.root_id"
+	" f.root_id, f.created_at"
 
 /* ---------- arguments ---------- */
 

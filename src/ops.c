@@ -40,6 +40,7 @@
 #include "flowrun.h"
 #include "json.h"
 #include "flows.h"
+#include "stats.h"
 #include "names.h"
 
 /*
@@ -89,13 +90,15 @@ CancelFlowAndTree(int64 flow_id, Datum *args, char *nulls)
 	Datum		root;
 
 	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
-		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id, root_id",
+		 " WHERE id = $1 AND status IN ('running', 'interrupted')"
+		 " RETURNING parent_id, root_id, " CLOSED_FLOW_COLUMNS,
 		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
 	if (SPI_processed == 0)
 	{
 		RestoreUser(saved);
 		return false;
 	}
+	StatsClosedRows(3, STATS_CANCELLED);
 	root = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &no_root);
 	root = no_root ? Int64GetDatum(flow_id) : root;
 	parent = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
