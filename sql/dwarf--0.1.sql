@@ -1037,16 +1037,12 @@ COMMENT ON FUNCTION dwarf.stats_shared() IS
 	'What dwarf.health reads of shared memory';
 
 /*
- * The open flows, for dwarf.health's ages (and the workers' scan at start):
- * an index of running and interrupted flows only, so that its reads never
- * go through closed ones.
- */
-CREATE INDEX flow_open ON dwarf.flow (created_at) WHERE status IN ('running', 'interrupted');
-
-/*
  * One row per graph with open flows, and one with graph NULL for the whole
  * database (always there): the ages are the oldest of each; the rest is
- * the database's, the same on every row.
+ * the database's, the same on every row.  The ages read the live flow
+ * table, which dwarf.maintain keeps to open flows and those closed within
+ * dwarf.archive_after.  No index on status serves them: one would make
+ * every flow's close (its one update) a non-HOT update, on the hot path.
  */
 CREATE VIEW dwarf.health AS
 	WITH open AS (
