@@ -23,7 +23,8 @@ COMMENT ON COLUMN dwarf.graph.owner IS
 
 CREATE SEQUENCE dwarf.flow_seq;
 COMMENT ON SEQUENCE dwarf.flow_seq IS
-	'Low 48 bits of flow ids; the high bits carry dwarf.shard_id';
+	'Low 40 bits of flow ids; bits 40 to 47 carry the WAL timeline less one (0 until a promotion), '
+	'bits 48 to 62 dwarf.shard_id';
 
 CREATE TABLE dwarf.flow (
 	id			bigint PRIMARY KEY,
@@ -313,15 +314,55 @@ $$;
 COMMENT ON FUNCTION dwarf.flow_steps(bigint) IS
 	'The steps of a flow (live or archived) the caller may see, in no particular order';
 
+/*
+ * A failed flow's error names the task that failed and its SQLSTATE, detail
+ * and hint, beside the message (error, kept as it was): they are read from
+ * the failed step whose message the flow's error is (its error document,
+ * what an on_error handler finds in onErr), so a flow row stores the
+ * message only.  A flow failed by the engine rather than by a step (its
+ * graph version gone, a step that could not be recorded) has only the
+ * message.
+ */
 CREATE TYPE dwarf.outcome AS (
 	flow_id		bigint,
 	status		text,
 	state		jsonb,
 	error		text,
 	interrupt_payload jsonb,
-	cancel_reason text
+	cancel_reason text,
+	error_task	text,
+	error_sqlstate text,
+	error_detail text,
+	error_hint	text
 );
-COMMENT ON TYPE dwarf.outcome IS 'What dwarf.await and dwarf.run return';
+COMMENT ON TYPE dwarf.outcome IS
+	'What dwarf.await, dwarf.await_all, dwarf.await_any and dwarf.run return; a failed flow''s error_task, '
+	'error_sqlstate, error_detail and error_hint come from the step that failed it';
+
+/*
+ * The error document of the step that failed a flow (status failed, error
+ * its message), NULL for any other flow.  A subquery of the readers below:
+ * a CASE around it keeps it off every flow but a failed one.
+ */
+CREATE FUNCTION dwarf.failed_step_error(flow_id bigint, error text) RETURNS jsonb
+	LANGUAGE sql STABLE STRICT
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT s.error FROM dwarf.flow_steps(failed_step_error.flow_id) s
+	 WHERE s.status = 'failed' AND s.error ->> 'message' = failed_step_error.error
+	 ORDER BY s.step_id DESC LIMIT 1
+$$;
+COMMENT ON FUNCTION dwarf.failed_step_error(bigint, text) IS
+	'The error document ({message, sqlstate, detail, hint, task}) of the step whose error, error, failed the flow; '
+	'NULL when no step did';
+
+CREATE FUNCTION dwarf.check_flow(flow_id bigint) RETURNS void
+	LANGUAGE c STRICT STABLE
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_check_flow';
+COMMENT ON FUNCTION dwarf.check_flow(bigint) IS
+	'Raises the error every dwarf function that takes a flow id raises for one the caller cannot see, live or '
+	'archived: "flow N does not exist" (SQLSTATE 42704), with a hint when the id names another shard or timeline';
 
 /*
  * Functions.
@@ -365,6 +406,24 @@ CREATE FUNCTION dwarf.await(flow_id bigint, timeout interval DEFAULT '30 s')
 	AS 'MODULE_PATHNAME', 'dwarf_await';
 COMMENT ON FUNCTION dwarf.await(bigint, interval) IS
 	'Waits until the flow closes or is interrupted, or the timeout passes, and returns its outcome';
+
+CREATE FUNCTION dwarf.await_all(flow_ids bigint[], timeout interval DEFAULT '30 s')
+	RETURNS SETOF dwarf.outcome
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_await_all';
+COMMENT ON FUNCTION dwarf.await_all(bigint[], interval) IS
+	'Waits until every flow closes or is interrupted, or the timeout passes, in one connection; '
+	'returns one outcome per element of flow_ids, in their order (past the timeout, as each is now)';
+
+CREATE FUNCTION dwarf.await_any(flow_ids bigint[], timeout interval DEFAULT '30 s')
+	RETURNS dwarf.outcome
+	LANGUAGE c
+	SET search_path = pg_catalog, pg_temp
+	AS 'MODULE_PATHNAME', 'dwarf_await_any';
+COMMENT ON FUNCTION dwarf.await_any(bigint[], interval) IS
+	'Waits until one of the flows closes or is interrupted, and returns its outcome (the first such in flow_ids'' '
+	'order); past the timeout, the first flow''s outcome as it is now (running)';
 
 CREATE FUNCTION dwarf.run(graph text, input jsonb DEFAULT '{}',
 						  timeout interval DEFAULT '30 s',
@@ -666,39 +725,51 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   state jsonb, error text, interrupt_payload jsonb,
 				   cancel_reason text, steps bigint,
-				   created_at timestamptz, finished_at timestamptz)
+				   created_at timestamptz, finished_at timestamptz,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
+	SELECT dwarf.check_flow(snapshot.flow_id);
 	SELECT f.id, g.name, g.version, f.status,
 		   coalesce(f.state, dwarf.state_at(f.id)),
 		   f.error, f.interrupt_payload, f.cancel_reason,
 		   (SELECT count(*) FROM dwarf.flow_steps(f.id)),
-		   f.created_at, f.finished_at
-	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
-	 WHERE f.id = snapshot.flow_id
+		   f.created_at, f.finished_at,
+		   e.doc ->> 'task', e.doc ->> 'sqlstate', e.doc ->> 'detail', e.doc ->> 'hint'
+	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id,
+		   LATERAL (SELECT CASE WHEN f.status = 'failed'
+								THEN dwarf.failed_step_error(f.id, f.error) END AS doc) e
+	 WHERE f.id = snapshot.flow_id;
 $$;
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
-	'A flow''s status and state now (while it runs: its input with every committed step''s changes folded in)';
+	'A flow''s status and state now (while it runs: its input with every committed step''s changes folded in); '
+	'an unknown flow is an error';
 
 CREATE FUNCTION dwarf.history(flow_id bigint)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
+	SELECT dwarf.check_flow(history.flow_id);
 	SELECT s.step_id, s.task, s.status, s.attempt, s.started_at,
-		   s.finished_at, s.error ->> 'message', s.changes
+		   s.finished_at, s.error ->> 'message', s.changes,
+		   s.error ->> 'sqlstate', s.error ->> 'detail', s.error ->> 'hint'
 	  FROM dwarf.flow_steps(history.flow_id) s
-	 ORDER BY s.step_id
+	 ORDER BY s.step_id;
 $$;
-COMMENT ON FUNCTION dwarf.history(bigint) IS 'One row per step of a flow, in execution order';
+COMMENT ON FUNCTION dwarf.history(bigint) IS
+	'One row per step of a flow, in execution order; a failed attempt''s error with its SQLSTATE, detail and hint. '
+	'An unknown flow is an error';
 
 CREATE FUNCTION dwarf.step(flow_id bigint, task text)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -709,28 +780,37 @@ COMMENT ON FUNCTION dwarf.step(bigint, text) IS 'The steps that ran one task of 
 CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 						   since timestamptz DEFAULT NULL, until timestamptz DEFAULT NULL,
 						   thread text DEFAULT NULL, error_like text DEFAULT NULL,
-						   before bigint DEFAULT NULL, "limit" int DEFAULT 100)
+						   before bigint DEFAULT NULL, page_size int DEFAULT 100)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   thread text, error text, created_at timestamptz,
-				   finished_at timestamptz)
+				   finished_at timestamptz, interrupt_payload jsonb,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE
 	SET search_path = pg_catalog, pg_temp
 	AS $$
-	SELECT f.id, g.name, g.version, f.status, f.thread, f.error, f.created_at, f.finished_at
-	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
-	 WHERE (list.graph IS NULL OR g.name = list.graph OR g.owner::text || '.' || g.name = list.graph)
-	   AND (list.status IS NULL OR f.status = list.status)
-	   AND (list.since IS NULL OR f.created_at >= list.since)
-	   AND (list.until IS NULL OR f.created_at < list.until)
-	   AND (list.thread IS NULL OR f.thread = list.thread)
-	   AND (list.error_like IS NULL OR f.error ILIKE list.error_like)
-	   AND (list.before IS NULL OR f.id < list.before)
-	 ORDER BY f.id DESC
-	 LIMIT list."limit"
+	SELECT l.id, l.name, l.version, l.status, l.thread, l.error, l.created_at, l.finished_at,
+		   l.interrupt_payload,
+		   e.doc ->> 'task', e.doc ->> 'sqlstate', e.doc ->> 'detail', e.doc ->> 'hint'
+	  FROM (SELECT f.id, g.name, g.version, f.status, f.thread, f.error, f.created_at,
+				   f.finished_at, f.interrupt_payload
+			  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
+			 WHERE (list.graph IS NULL OR g.name = list.graph OR g.owner::text || '.' || g.name = list.graph)
+			   AND (list.status IS NULL OR f.status = list.status)
+			   AND (list.since IS NULL OR f.created_at >= list.since)
+			   AND (list.until IS NULL OR f.created_at < list.until)
+			   AND (list.thread IS NULL OR f.thread = list.thread)
+			   AND (list.error_like IS NULL OR f.error ILIKE list.error_like)
+			   AND (list.before IS NULL OR f.id < list.before)
+			 ORDER BY f.id DESC
+			 LIMIT list.page_size) l,
+		   LATERAL (SELECT CASE WHEN l.status = 'failed'
+								THEN dwarf.failed_step_error(l.id, l.error) END AS doc) e
+	 ORDER BY l.id DESC
 $$;
 COMMENT ON FUNCTION dwarf.list(text, text, timestamptz, timestamptz, text, text, bigint, int) IS
-	'The caller''s flows, newest first, filtered (graph: a name, any owner''s, or role.name); '
-	'pass the last flow_id seen as "before" for the next page';
+	'The caller''s flows, newest first, filtered (graph: a name, any owner''s, or role.name), page_size at a time: '
+	'pass the last flow_id seen as "before" for the next page. An interrupted flow''s payload is in '
+	'interrupt_payload, a failed one''s task and SQLSTATE in error_task and error_sqlstate';
 
 CREATE FUNCTION dwarf.history_mermaid(flow_id bigint) RETURNS text
 	LANGUAGE plpgsql STABLE STRICT
@@ -746,13 +826,10 @@ DECLARE
 	froms text[];
 	tos text[];
 BEGIN
+	PERFORM dwarf.check_flow(history_mermaid.flow_id);
 	SELECT g.definition INTO def
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
 	 WHERE f.id = history_mermaid.flow_id;
-	IF def IS NULL THEN
-		RAISE EXCEPTION 'flow % does not exist', history_mermaid.flow_id
-			USING ERRCODE = 'undefined_object';
-	END IF;
 	tasks := ARRAY(SELECT jsonb_object_keys(def -> 'tasks') ORDER BY 1);
 
 	/* One node per task, styled by the outcome of its last step. */
@@ -839,14 +916,15 @@ COMMENT ON FUNCTION dwarf.delete(bigint) IS
 	'Deletes a flow, its steps and its child flows, whatever their status; '
 	'a child flow whose parent is still running or interrupted is refused (cancel it instead)';
 
-CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days')
+CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days', all_roles boolean DEFAULT false)
 	RETURNS bigint
 	LANGUAGE c STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_purge';
-COMMENT ON FUNCTION dwarf.purge(interval) IS
-	'Deletes the caller''s closed flows (and their steps) that finished longer ago than older_than, '
-	'but for children of a parent still open; returns how many';
+COMMENT ON FUNCTION dwarf.purge(interval, boolean) IS
+	'Deletes the caller''s own closed flows (and their steps) that finished longer ago than older_than, '
+	'but for children of a parent still open; returns how many. With all_roles, those of every role whose '
+	'privileges the caller has (a superuser: every role''s)';
 
 CREATE FUNCTION dwarf.worker_stats()
 	RETURNS TABLE (database oid, worker int, pid int, flows_loaded bigint,
@@ -889,6 +967,117 @@ REVOKE ALL ON dwarf.maintain_log FROM PUBLIC;
 GRANT SELECT ON dwarf.maintain_log TO PUBLIC;
 /* Dumped by pg_dump with the rest of dwarf's tables: dwarf.storage shows it. */
 SELECT pg_catalog.pg_extension_config_dump('dwarf.maintain_log', '');
+
+/*
+ * Cumulative statistics (stats.c), per database, graph and task, in shared
+ * memory: they count on when flows are archived or purged, survive an
+ * orderly restart, and start again from zero after a crash or
+ * dwarf.stats_reset().  Readable by members of pg_monitor: aggregates only,
+ * never a flow's contents.  A graph is named by its name alone (the graphs
+ * of two owners with one name count together).
+ */
+CREATE FUNCTION dwarf.stats_counters()
+	RETURNS TABLE (graph text, task text,
+				   flows_created bigint, flows_completed bigint, flows_failed bigint,
+				   flows_cancelled bigint,
+				   steps_run bigint, steps_failed bigint, steps_retried bigint,
+				   flow_seconds_sum float8, flow_seconds_count bigint,
+				   flow_p50_s float8, flow_p95_s float8, flow_p99_s float8,
+				   step_seconds_sum float8, step_seconds_count bigint,
+				   step_p50_s float8, step_p95_s float8, step_p99_s float8,
+				   stats_reset timestamptz)
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_counters';
+COMMENT ON FUNCTION dwarf.stats_counters() IS
+	'This database''s counters: a row per graph (task NULL: its flows, and its steps of all tasks) and one per task; '
+	'read through dwarf.graph_stats and dwarf.task_stats';
+
+CREATE VIEW dwarf.graph_stats AS
+	SELECT graph, flows_created, flows_completed, flows_failed, flows_cancelled,
+		   steps_run, steps_failed, steps_retried,
+		   flow_seconds_sum, flow_seconds_count, flow_p50_s, flow_p95_s, flow_p99_s,
+		   step_seconds_sum, step_seconds_count, step_p50_s, step_p95_s, step_p99_s,
+		   stats_reset
+	  FROM dwarf.stats_counters()
+	 WHERE task IS NULL;
+COMMENT ON VIEW dwarf.graph_stats IS
+	'Per graph, cumulative: flows created, completed, failed, cancelled; steps run (every attempt), failed, retried; '
+	'flow durations (created to closed) and step durations (started to finished): sum, count and percentiles '
+	'estimated from the histogram (NULL when empty); stats_reset: since when they count';
+
+CREATE VIEW dwarf.task_stats AS
+	SELECT graph, task, steps_run, steps_failed, steps_retried,
+		   step_seconds_sum, step_seconds_count, step_p50_s, step_p95_s, step_p99_s
+	  FROM dwarf.stats_counters()
+	 WHERE task IS NOT NULL;
+COMMENT ON VIEW dwarf.task_stats IS
+	'Per task of each graph, cumulative: steps run (every attempt), failed (status failed), retried (status retry), '
+	'and their durations';
+
+CREATE FUNCTION dwarf.stats_histogram()
+	RETURNS TABLE (graph text, task text, kind text, le float8, count bigint)
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_histogram';
+COMMENT ON FUNCTION dwarf.stats_histogram() IS
+	'Duration histograms, a row per bucket: kind flow (per graph, task NULL) or step (per task); '
+	'count: durations of at most le seconds (cumulative; the last bucket, le Infinity, holds them all)';
+
+CREATE FUNCTION dwarf.stats_reset() RETURNS void
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_reset';
+COMMENT ON FUNCTION dwarf.stats_reset() IS
+	'Zeroes this database''s counters and histograms (stats_reset becomes now); the extension''s owner or a superuser only';
+
+CREATE FUNCTION dwarf.stats_shared()
+	RETURNS TABLE (ready_backlog bigint, timers_due bigint, runners_busy int, runners_max int,
+				   poison_steps bigint)
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'dwarf_stats_shared';
+COMMENT ON FUNCTION dwarf.stats_shared() IS
+	'What dwarf.health reads of shared memory';
+
+/*
+ * One row per graph with open flows, and one with graph NULL for the whole
+ * database (always there): the ages are the oldest of each; the rest is
+ * the database's, the same on every row.  The ages read the live flow
+ * table, which dwarf.maintain keeps to open flows and those closed within
+ * dwarf.archive_after.  No index on status serves them: one would make
+ * every flow's close (its one update) a non-HOT update, on the hot path.
+ */
+CREATE VIEW dwarf.health AS
+	WITH open AS (
+		SELECT g.name AS graph,
+			   min(f.created_at) FILTER (WHERE f.status = 'running') AS oldest_running,
+			   min(f.created_at) FILTER (WHERE f.status = 'interrupted') AS oldest_interrupted
+		  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id
+		 WHERE f.status IN ('running', 'interrupted')
+		 GROUP BY GROUPING SETS ((g.name), ())),
+	maintained AS (
+		SELECT started_at + took AS last_maintain
+		  FROM dwarf.maintain_log ORDER BY started_at DESC LIMIT 1)
+	SELECT o.graph,
+		   extract(epoch FROM now() - o.oldest_running)::float8 AS oldest_running_s,
+		   extract(epoch FROM now() - o.oldest_interrupted)::float8 AS oldest_interrupted_s,
+		   s.ready_backlog, s.timers_due, s.runners_busy, s.runners_max, s.poison_steps,
+		   m.last_maintain
+	  FROM open o CROSS JOIN dwarf.stats_shared() s LEFT JOIN maintained m ON true;
+COMMENT ON VIEW dwarf.health IS
+	'Per graph with open flows (and graph NULL: the whole database): age in seconds of the oldest running and '
+	'interrupted flow; and for the database: steps ready in the workers'' queues, steps waiting for a timer '
+	'(sleep, retry backoff), runners busy (all databases) and dwarf.max_runners, steps blamed for ending their '
+	'process, when dwarf.maintain last finished';
+
+REVOKE ALL ON FUNCTION dwarf.stats_counters(), dwarf.stats_histogram(), dwarf.stats_reset(),
+	dwarf.stats_shared() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dwarf.stats_counters(), dwarf.stats_histogram(), dwarf.stats_shared()
+	TO pg_monitor;
+/*
+ * pg_monitor needs the schema to read them; what else it may call there
+ * acts as its member, on its own flows, as for any role granted it.
+ */
+GRANT USAGE ON SCHEMA dwarf TO pg_monitor;
+REVOKE ALL ON dwarf.graph_stats, dwarf.task_stats, dwarf.health FROM PUBLIC;
+GRANT SELECT ON dwarf.graph_stats, dwarf.task_stats, dwarf.health TO pg_monitor;
 
 /* The archive's partitions of one table, with the UTC day each holds. */
 CREATE FUNCTION dwarf.archive_days(parent regclass)
@@ -973,7 +1162,18 @@ COMMENT ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) IS
 	'For dwarf.maintain: moves the steps of flows it archived (closed[i]: when flow_ids[i] closed) '
 	'into the day partitions of dwarf.step_archive, sorted by flow';
 
-CREATE FUNCTION dwarf.maintain(now timestamptz DEFAULT now()) RETURNS jsonb
+/*
+ * A pass of dwarf.maintain as if the time were now: what dwarf.maintain()
+ * runs with now(), and what tests run with a later time, to see days expire
+ * without waiting for them.  With a time ahead of the clock it drops days
+ * that still hold flows which have not reached their retention, so it is
+ * not dwarf.maintain's argument (where a mistaken call would drop them) but
+ * a function of its own, granted to no one: only the extension's owner and
+ * superusers may call it.  With dry_run, it changes nothing (no partition
+ * made or dropped, no flow moved, no log row) and returns what the pass
+ * would do.
+ */
+CREATE FUNCTION dwarf.maintain_at(now timestamptz, dry_run boolean DEFAULT false) RETURNS jsonb
 	LANGUAGE plpgsql SECURITY DEFINER
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -981,10 +1181,12 @@ DECLARE
 	started		timestamptz := clock_timestamp();
 	archive_after interval := current_setting('dwarf.archive_after')::interval;
 	retention	interval := current_setting('dwarf.retention')::interval;
-	cutoff		timestamptz := maintain.now - archive_after;
-	today		date := (maintain.now AT TIME ZONE 'UTC')::date;
+	cutoff		timestamptz := maintain_at.now - archive_after;
+	today		date := (maintain_at.now AT TIME ZONE 'UTC')::date;
 	/* A day is dropped once all of it is older than the retention. */
-	expired_before date := ((maintain.now - retention) AT TIME ZONE 'UTC')::date;
+	expired_before date := ((maintain_at.now - retention) AT TIME ZONE 'UTC')::date;
+	dropped_flows bigint := 0;
+	n_dropped	bigint;
 	chunk		constant int := 2000;		/* flows moved per statement */
 	most		constant int := 200000;		/* flows moved per pass */
 	budget		constant interval := '20 s';
@@ -1027,6 +1229,12 @@ BEGIN
 	lock_timeout := current_setting('lock_timeout');
 	FOR d IN SELECT a.day, a.partition FROM dwarf.archive_days('dwarf.flow_archive') a
 			  WHERE a.day < expired_before LOOP
+		IF dry_run THEN
+			EXECUTE format('SELECT count(*) FROM %s', d.partition) INTO n_dropped;
+			dropped_flows := dropped_flows + n_dropped;
+			dropped := dropped || to_char(d.day, 'YYYY-MM-DD');
+			CONTINUE;
+		END IF;
 		BEGIN
 			PERFORM set_config('lock_timeout', '500ms', true);
 			EXECUTE format('DROP TABLE IF EXISTS dwarf.%I, %s',
@@ -1040,7 +1248,9 @@ BEGIN
 
 	/* Today and the next two days, so that moves rarely wait for DDL. */
 	FOR i IN 0 .. 2 LOOP
-		IF today + i >= expired_before AND dwarf.make_archive_day(today + i) THEN
+		IF today + i >= expired_before AND
+			(CASE WHEN dry_run THEN to_regclass('dwarf.flow_archive_' || to_char(today + i, 'YYYYMMDD')) IS NULL
+				  ELSE dwarf.make_archive_day(today + i) END) THEN
 			made := made || to_char(today + i, 'YYYY-MM-DD');
 		END IF;
 	END LOOP;
@@ -1066,11 +1276,31 @@ BEGIN
 
 	/* The partitions of the days they closed on, if not there yet. */
 	FOR d IN SELECT DISTINCT (f.finished_at AT TIME ZONE 'UTC')::date AS day
-			   FROM dwarf.flow f WHERE f.id = ANY (ids) LOOP
-		IF dwarf.make_archive_day(d.day) THEN
+			   FROM dwarf.flow f WHERE f.id = ANY (ids) ORDER BY 1 LOOP
+		IF dry_run THEN
+			IF to_regclass('dwarf.flow_archive_' || to_char(d.day, 'YYYYMMDD')) IS NULL
+			   AND NOT to_char(d.day, 'YYYY-MM-DD') = ANY (made) THEN
+				made := made || to_char(d.day, 'YYYY-MM-DD');
+			END IF;
+		ELSIF dwarf.make_archive_day(d.day) THEN
 			made := made || to_char(d.day, 'YYYY-MM-DD');
 		END IF;
 	END LOOP;
+
+	/* A dry run counts what the moves would take, and stops there. */
+	IF dry_run THEN
+		RETURN jsonb_build_object(
+			'dry_run', true,
+			'moved_flows', coalesce(cardinality(ids), 0),
+			'moved_steps', (SELECT count(*) FROM dwarf.step s WHERE s.flow_id = ANY (ids)),
+			'partitions_made', cardinality(made),
+			'partitions_dropped', cardinality(dropped),
+			'days_made', to_jsonb(made),
+			'days_dropped', to_jsonb(dropped),
+			'flows_in_days_dropped', dropped_flows,
+			'more', more,
+			'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
+	END IF;
 
 	/*
 	 * Moved in chunks: the flows' rows in one statement, then their steps
@@ -1111,7 +1341,7 @@ BEGIN
 		'days_left_for_next_pass', to_jsonb(deferred),
 		'more', more,
 		'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
-	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain.now, result);
+	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain_at.now, result);
 	-- answers that came as their flow closed or was cancelled: no one records them
 	DELETE FROM dwarf.answer a
 	 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
@@ -1122,11 +1352,21 @@ BEGIN
 	RETURN result;
 END
 $$;
-REVOKE ALL ON FUNCTION dwarf.maintain(timestamptz) FROM PUBLIC;
-COMMENT ON FUNCTION dwarf.maintain(timestamptz) IS
+REVOKE ALL ON FUNCTION dwarf.maintain_at(timestamptz, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.maintain_at(timestamptz, boolean) IS
+	'A pass of dwarf.maintain as if the time were now (for tests: a time ahead drops days before their retention); '
+	'granted to no one, unlike dwarf.maintain';
+
+CREATE FUNCTION dwarf.maintain(dry_run boolean DEFAULT false) RETURNS jsonb
+	LANGUAGE sql SECURITY DEFINER
+	SET search_path = pg_catalog, pg_temp
+	AS $$ SELECT dwarf.maintain_at(pg_catalog.now(), maintain.dry_run) $$;
+REVOKE ALL ON FUNCTION dwarf.maintain(boolean) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 	'Moves flows closed for longer than dwarf.archive_after (and their steps) into the archive, drops archive days '
-	'older than dwarf.retention and makes the next days'' partitions; returns what it did. For the extension''s owner '
-	'(GRANT EXECUTE to an operator role); schedule it with pg_cron';
+	'older than dwarf.retention and makes the next days'' partitions; returns what it did. With dry_run => true it '
+	'changes nothing and returns what a pass would do. For the extension''s owner '
+	'(GRANT EXECUTE, and USAGE on schema dwarf, to an operator role); schedule it with pg_cron';
 
 CREATE VIEW dwarf.storage AS
 	SELECT pg_total_relation_size('dwarf.flow') AS live_flow_bytes,

@@ -36,9 +36,13 @@ CREATE TYPE dwarf.outcome AS (
 	state		jsonb,
 	error		text,
 	interrupt_payload jsonb,
-	cancel_reason text
+	cancel_reason text,
+	error_task	text,
+	error_sqlstate text,
+	error_detail text,
+	error_hint	text
 );
-COMMENT ON TYPE dwarf.outcome IS 'What dwarf.await and dwarf.run return (as on a shard)';
+COMMENT ON TYPE dwarf.outcome IS 'What dwarf.await, dwarf.await_all, dwarf.await_any and dwarf.run return (as on a shard)';
 
 /*
  * Routing.
@@ -292,7 +296,8 @@ CREATE FUNCTION dwarf_router.run_on(part int, graph text, input jsonb, timeout i
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON part;
-	SELECT o.flow_id, o.status, o.state, o.error, o.interrupt_payload, o.cancel_reason
+	SELECT o.flow_id, o.status, o.state, o.error, o.interrupt_payload, o.cancel_reason,
+		   o.error_task, o.error_sqlstate, o.error_detail, o.error_hint
 	  FROM dwarf.run(graph, input, timeout, priority, idempotency_key, fairness_key, fairness_weight,
 					 time_budget, delete_on_completion, baggage, thread) o;
 $$;
@@ -302,31 +307,46 @@ CREATE FUNCTION dwarf_router.await_on(part int, flow bigint, timeout interval)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON part;
-	SELECT o.flow_id, o.status, o.state, o.error, o.interrupt_payload, o.cancel_reason
+	SELECT o.flow_id, o.status, o.state, o.error, o.interrupt_payload, o.cancel_reason,
+		   o.error_task, o.error_sqlstate, o.error_detail, o.error_hint
 	  FROM dwarf.await(flow, timeout) o;
+$$;
+
+CREATE FUNCTION dwarf_router.await_any_on(part int, flows bigint[], timeout interval)
+	RETURNS dwarf.outcome
+	LANGUAGE plproxy AS $$
+	CLUSTER 'dwarf_shards';
+	RUN ON part;
+	SELECT o.flow_id, o.status, o.state, o.error, o.interrupt_payload, o.cancel_reason,
+		   o.error_task, o.error_sqlstate, o.error_detail, o.error_hint
+	  FROM dwarf.await_any(flows, timeout) o;
 $$;
 
 CREATE FUNCTION dwarf_router.snapshot_on(part int, flow bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   state jsonb, error text, interrupt_payload jsonb,
 				   cancel_reason text, steps bigint,
-				   created_at timestamptz, finished_at timestamptz)
+				   created_at timestamptz, finished_at timestamptz,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON part;
 	SELECT s.flow_id, s.graph, s.version, s.status, s.state, s.error, s.interrupt_payload,
-		   s.cancel_reason, s.steps, s.created_at, s.finished_at
+		   s.cancel_reason, s.steps, s.created_at, s.finished_at,
+		   s.error_task, s.error_sqlstate, s.error_detail, s.error_hint
 	  FROM dwarf.snapshot(flow) s;
 $$;
 
 CREATE FUNCTION dwarf_router.history_on(part int, flow bigint, task_name text)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON part;
-	SELECT h.step_id, h.task, h.status, h.attempt, h.started_at, h.finished_at, h.error, h.changes
+	SELECT h.step_id, h.task, h.status, h.attempt, h.started_at, h.finished_at, h.error, h.changes,
+		   h.error_sqlstate, h.error_detail, h.error_hint
 	  FROM dwarf.history(flow) h
 	 WHERE task_name IS NULL OR h.task = task_name;
 $$;
@@ -448,11 +468,13 @@ CREATE FUNCTION dwarf_router.list_on_all(graph_name text, flow_status text, sinc
 										 before bigint, lim int)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   thread text, error text, created_at timestamptz,
-				   finished_at timestamptz)
+				   finished_at timestamptz, interrupt_payload jsonb,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON ALL;
-	SELECT l.flow_id, l.graph, l.version, l.status, l.thread, l.error, l.created_at, l.finished_at
+	SELECT l.flow_id, l.graph, l.version, l.status, l.thread, l.error, l.created_at, l.finished_at,
+		   l.interrupt_payload, l.error_task, l.error_sqlstate, l.error_detail, l.error_hint
 	  FROM dwarf.list(graph_name, flow_status, since, until, thread_name, error_like, before, lim) l;
 $$;
 
@@ -481,20 +503,20 @@ CREATE FUNCTION dwarf_router.worker_stats_on_all()
 	  FROM dwarf.worker_stats() w;
 $$;
 
-CREATE FUNCTION dwarf_router.purge_on_all(older_than interval) RETURNS SETOF bigint
+CREATE FUNCTION dwarf_router.purge_on_all(older_than interval, all_roles boolean) RETURNS SETOF bigint
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON ALL;
-	SELECT dwarf.purge(older_than) AS purge_on_all;
+	SELECT dwarf.purge(older_than, all_roles) AS purge_on_all;
 $$;
 
-CREATE FUNCTION dwarf_router.maintain_on_all(at timestamptz)
+CREATE FUNCTION dwarf_router.maintain_on_all(dry_run boolean)
 	RETURNS TABLE (shard int, result jsonb)
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
 	RUN ON ALL;
 	SELECT pg_catalog.current_setting('dwarf.shard_id', true)::int AS shard,
-		   dwarf.maintain(at) AS result;
+		   dwarf.maintain(dry_run) AS result;
 $$;
 
 /*
@@ -651,6 +673,75 @@ COMMENT ON FUNCTION dwarf.await(bigint, interval) IS
 	'Waits, on the flow''s shard, until the flow closes or is interrupted, or the timeout passes';
 
 /*
+ * await_all waits for each flow in turn, on its shard, within what is left
+ * of the timeout: the whole wait is the longest flow's.  await_any waits
+ * on the shard of the flows when they are all on one; across shards, it
+ * asks each in turn for a tenth of a second at a time.
+ */
+CREATE FUNCTION dwarf.await_all(flow_ids bigint[], timeout interval DEFAULT '30 s')
+	RETURNS SETOF dwarf.outcome
+	LANGUAGE plpgsql
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+DECLARE
+	deadline timestamptz := clock_timestamp() + timeout;
+	id bigint;
+BEGIN
+	IF flow_ids IS NULL OR timeout IS NULL THEN
+		RAISE EXCEPTION 'flow_ids and timeout of dwarf.await_all must not be NULL'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	FOREACH id IN ARRAY flow_ids LOOP
+		RETURN NEXT dwarf.await(id, greatest(deadline - clock_timestamp(), '0'));
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION dwarf.await_all(bigint[], interval) IS
+	'Waits, on their shards, until every flow closes or is interrupted, or the timeout passes; '
+	'one outcome per element of flow_ids, in their order';
+
+CREATE FUNCTION dwarf.await_any(flow_ids bigint[], timeout interval DEFAULT '30 s')
+	RETURNS dwarf.outcome
+	LANGUAGE plpgsql
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+DECLARE
+	deadline timestamptz := clock_timestamp() + timeout;
+	parts int[] := ARRAY(SELECT DISTINCT dwarf_router.partition_of(i) FROM unnest(flow_ids) i ORDER BY 1);
+	part int;
+	result dwarf.outcome;
+	e_detail text;
+	e_hint text;
+BEGIN
+	IF cardinality(parts) = 1 THEN
+		SELECT * INTO result FROM dwarf_router.await_any_on(parts[1], flow_ids, timeout);
+		RETURN result;
+	END IF;
+	LOOP
+		FOREACH part IN ARRAY parts LOOP
+			SELECT * INTO result
+			  FROM dwarf_router.await_any_on(part,
+					ARRAY(SELECT i FROM unnest(flow_ids) i WHERE dwarf_router.partition_of(i) = part),
+					least(greatest(deadline - clock_timestamp(), '0'), '100 ms'));
+			IF result.status <> 'running' THEN
+				RETURN result;
+			END IF;
+		END LOOP;
+		IF clock_timestamp() >= deadline THEN
+			RETURN dwarf.await(flow_ids[1], '0');
+		END IF;
+	END LOOP;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
+	PERFORM dwarf_router.shard_error(parts, SQLSTATE, SQLERRM, e_detail, e_hint);
+	RAISE;
+END
+$$;
+COMMENT ON FUNCTION dwarf.await_any(bigint[], interval) IS
+	'Waits, on their shards, until one of the flows closes or is interrupted, and returns its outcome; '
+	'past the timeout, the first flow''s as it is now';
+
+/*
  * snapshot, step and list return columns named as some of their arguments,
  * which PL/pgSQL cannot compile: for them dwarf.* is a SQL function over a
  * PL/pgSQL one in dwarf_router with other argument names.
@@ -659,7 +750,8 @@ CREATE FUNCTION dwarf_router.snapshot(flow bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   state jsonb, error text, interrupt_payload jsonb,
 				   cancel_reason text, steps bigint,
-				   created_at timestamptz, finished_at timestamptz)
+				   created_at timestamptz, finished_at timestamptz,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plpgsql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -680,7 +772,8 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   state jsonb, error text, interrupt_payload jsonb,
 				   cancel_reason text, steps bigint,
-				   created_at timestamptz, finished_at timestamptz)
+				   created_at timestamptz, finished_at timestamptz,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	AS $$ SELECT * FROM dwarf_router.snapshot($1) $$;
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
@@ -690,7 +783,8 @@ COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
 CREATE FUNCTION dwarf_router.history(flow bigint, task_name text)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plpgsql STABLE
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -701,7 +795,8 @@ DECLARE
 BEGIN
 	RETURN QUERY
 		SELECT h.step_id, h.task, h.status, h.attempt,
-			   h.started_at, h.finished_at, h.error, h.changes
+			   h.started_at, h.finished_at, h.error, h.changes,
+			   h.error_sqlstate, h.error_detail, h.error_hint
 		  FROM dwarf_router.history_on(part, flow, task_name) h
 		 ORDER BY h.step_id;
 EXCEPTION WHEN OTHERS THEN
@@ -714,7 +809,8 @@ $$;
 CREATE FUNCTION dwarf.history(flow_id bigint)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	AS $$ SELECT * FROM dwarf_router.history($1, NULL) $$;
 COMMENT ON FUNCTION dwarf.history(bigint) IS
@@ -723,7 +819,8 @@ COMMENT ON FUNCTION dwarf.history(bigint) IS
 CREATE FUNCTION dwarf.step(flow_id bigint, task text)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb)
+				   error text, changes jsonb,
+				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	AS $$ SELECT * FROM dwarf_router.history($1, $2) $$;
 COMMENT ON FUNCTION dwarf.step(bigint, text) IS
@@ -1072,7 +1169,8 @@ CREATE FUNCTION dwarf_router.list(graph_name text, flow_status text, since times
 								  before bigint, lim int)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   thread text, error text, created_at timestamptz,
-				   finished_at timestamptz)
+				   finished_at timestamptz, interrupt_payload jsonb,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plpgsql STABLE
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -1100,15 +1198,16 @@ $$;
 CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 						   since timestamptz DEFAULT NULL, until timestamptz DEFAULT NULL,
 						   thread text DEFAULT NULL, error_like text DEFAULT NULL,
-						   before bigint DEFAULT NULL, "limit" int DEFAULT 100)
+						   before bigint DEFAULT NULL, page_size int DEFAULT 100)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
 				   thread text, error text, created_at timestamptz,
-				   finished_at timestamptz)
+				   finished_at timestamptz, interrupt_payload jsonb,
+				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE
 	AS $$ SELECT * FROM dwarf_router.list($1, $2, $3, $4, $5, $6, $7, $8) $$;
 COMMENT ON FUNCTION dwarf.list(text, text, timestamptz, timestamptz, text, text, bigint, int) IS
 	'The caller''s flows on all shards, filtered, by descending flow id (newest first within a shard; '
-	'a flow id begins with its shard number); pass the last flow_id seen as "before" for the next page';
+	'a flow id begins with its shard number), page_size at a time; pass the last flow_id seen as "before" for the next page';
 
 CREATE FUNCTION dwarf_router.shard_stats()
 	RETURNS TABLE (shard int, running bigint, interrupted bigint, completed bigint,
@@ -1166,7 +1265,7 @@ END
 $$;
 COMMENT ON FUNCTION dwarf.worker_stats() IS 'The counters of every shard''s dwarf workers';
 
-CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days') RETURNS bigint
+CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days', all_roles boolean DEFAULT false) RETURNS bigint
 	LANGUAGE plpgsql STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -1174,15 +1273,16 @@ DECLARE
 	e_detail text;
 	e_hint text;
 BEGIN
-	RETURN (SELECT coalesce(sum(n), 0)::bigint FROM dwarf_router.purge_on_all(older_than) n);
+	RETURN (SELECT coalesce(sum(n), 0)::bigint FROM dwarf_router.purge_on_all(older_than, all_roles) n);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
 	PERFORM dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
 	RAISE;
 END
 $$;
-COMMENT ON FUNCTION dwarf.purge(interval) IS
-	'Deletes the caller''s closed flows older than older_than on every shard; returns how many in all';
+COMMENT ON FUNCTION dwarf.purge(interval, boolean) IS
+	'Deletes the caller''s own closed flows (with all_roles, those of every role whose privileges it has) older '
+	'than older_than on every shard; returns how many in all';
 
 /*
  * dwarf.maintain on every shard.  Its results are combined key by key: numbers
@@ -1190,7 +1290,7 @@ COMMENT ON FUNCTION dwarf.purge(interval) IS
  * or-ed ("more": some shard has more to do); "shards" keeps each shard's own
  * result, under its shard number, for everything else.
  */
-CREATE FUNCTION dwarf.maintain(now timestamptz DEFAULT now()) RETURNS jsonb
+CREATE FUNCTION dwarf.maintain(dry_run boolean DEFAULT false) RETURNS jsonb
 	LANGUAGE plpgsql
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -1199,7 +1299,7 @@ DECLARE
 	e_hint text;
 BEGIN
 	RETURN (
-		WITH r AS MATERIALIZED (SELECT * FROM dwarf_router.maintain_on_all(maintain.now)),
+		WITH r AS MATERIALIZED (SELECT * FROM dwarf_router.maintain_on_all(maintain.dry_run)),
 		fields AS (
 			SELECT x.key, x.value
 			  FROM r, jsonb_each(CASE jsonb_typeof(r.result) WHEN 'object' THEN r.result ELSE '{}' END) x)
@@ -1223,8 +1323,9 @@ EXCEPTION WHEN OTHERS THEN
 	RAISE;
 END
 $$;
-COMMENT ON FUNCTION dwarf.maintain(timestamptz) IS
-	'Runs dwarf.maintain on every shard: numeric fields summed, each shard''s own result under "shards"';
+COMMENT ON FUNCTION dwarf.maintain(boolean) IS
+	'Runs dwarf.maintain (with dry_run: changing nothing) on every shard: numeric fields summed, each shard''s own '
+	'result under "shards"';
 
 /*
  * Calls that act on the step being run make no sense on a router: steps run

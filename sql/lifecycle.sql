@@ -263,11 +263,11 @@ SELECT i, (dwarf.run(CASE WHEN i % 3 = 0 THEN 'lc_list_b' ELSE 'lc_list_a' END,
 SELECT bool_and(a.flow_id < b.flow_id) AS ids_grow FROM lc.made a JOIN lc.made b ON b.n = a.n + 1;
 -- by graph, newest first
 SELECT m.n, l.graph, l.version, l.status, l.thread, l.error, l.finished_at >= l.created_at AS finished
-  FROM dwarf.list(graph => 'lc_list_a') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, ord)
+  FROM dwarf.list(graph => 'lc_list_a') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, interrupt_payload, error_task, error_sqlstate, error_detail, error_hint, ord)
   JOIN lc.made m ON m.flow_id = l.flow_id
  ORDER BY l.ord;
 SELECT array_agg(m.n ORDER BY ord) AS newest_first
-  FROM dwarf.list(graph => 'lc_list_b') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, ord)
+  FROM dwarf.list(graph => 'lc_list_b') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, interrupt_payload, error_task, error_sqlstate, error_detail, error_hint, ord)
   JOIN lc.made m ON m.flow_id = l.flow_id;
 -- by status, thread, error
 SELECT array_agg(m.n ORDER BY m.n DESC) AS failed
@@ -275,27 +275,27 @@ SELECT array_agg(m.n ORDER BY m.n DESC) AS failed
 SELECT count(*) AS failed_outside_made FROM dwarf.list(status => 'failed', graph => 'lc_list_a') l
  WHERE l.flow_id NOT IN (SELECT flow_id FROM lc.made);
 SELECT array_agg(m.n ORDER BY ord) AS even_thread
-  FROM dwarf.list(thread => 'lc-even') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, ord)
+  FROM dwarf.list(thread => 'lc-even') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, interrupt_payload, error_task, error_sqlstate, error_detail, error_hint, ord)
   JOIN lc.made m ON m.flow_id = l.flow_id;
 SELECT array_agg(m.n ORDER BY ord) AS error_like
-  FROM dwarf.list(error_like => '%LIST 8%') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, ord)
+  FROM dwarf.list(error_like => '%LIST 8%') WITH ORDINALITY l(flow_id, graph, version, status, thread, error, created_at, finished_at, interrupt_payload, error_task, error_sqlstate, error_detail, error_hint, ord)
   JOIN lc.made m ON m.flow_id = l.flow_id;
 SELECT count(*) AS nothing FROM dwarf.list(graph => 'lc_list_a', status => 'cancelled');
 SELECT count(*) AS no_graph FROM dwarf.list(graph => 'lc_no_such_graph');
 -- since/until bound created_at
 SELECT count(*) AS since_now FROM dwarf.list(since => now() + '1 day');
 SELECT count(*) = (SELECT count(*) FROM lc.made) AS until_tomorrow
-  FROM dwarf.list(graph => NULL, until => now() + '1 day', "limit" => 100000) l
+  FROM dwarf.list(graph => NULL, until => now() + '1 day', page_size => 100000) l
  WHERE l.flow_id IN (SELECT flow_id FROM lc.made);
 -- keyset paging: pages of 2 of the thread, each after the last id seen
-SELECT l.flow_id AS p1_last FROM dwarf.list(thread => 'lc-even', "limit" => 2) l ORDER BY l.flow_id LIMIT 1 \gset
+SELECT l.flow_id AS p1_last FROM dwarf.list(thread => 'lc-even', page_size => 2) l ORDER BY l.flow_id LIMIT 1 \gset
 SELECT array_agg(m.n ORDER BY l.flow_id DESC) AS page_1
-  FROM dwarf.list(thread => 'lc-even', "limit" => 2) l JOIN lc.made m ON m.flow_id = l.flow_id;
+  FROM dwarf.list(thread => 'lc-even', page_size => 2) l JOIN lc.made m ON m.flow_id = l.flow_id;
 SELECT array_agg(m.n ORDER BY l.flow_id DESC) AS page_2
-  FROM dwarf.list(thread => 'lc-even', before => :p1_last, "limit" => 2) l JOIN lc.made m ON m.flow_id = l.flow_id;
-SELECT l.flow_id AS p2_last FROM dwarf.list(thread => 'lc-even', before => :p1_last, "limit" => 2) l ORDER BY l.flow_id LIMIT 1 \gset
-SELECT count(*) AS page_3 FROM dwarf.list(thread => 'lc-even', before => :p2_last, "limit" => 2);
-SELECT count(*) AS limit_zero FROM dwarf.list(graph => 'lc_list_a', "limit" => 0);
+  FROM dwarf.list(thread => 'lc-even', before => :p1_last, page_size => 2) l JOIN lc.made m ON m.flow_id = l.flow_id;
+SELECT l.flow_id AS p2_last FROM dwarf.list(thread => 'lc-even', before => :p1_last, page_size => 2) l ORDER BY l.flow_id LIMIT 1 \gset
+SELECT count(*) AS page_3 FROM dwarf.list(thread => 'lc-even', before => :p2_last, page_size => 2);
+SELECT count(*) AS limit_zero FROM dwarf.list(graph => 'lc_list_a', page_size => 0);
 
 ----------------------------------------------------------------------
 -- dwarf.history_mermaid

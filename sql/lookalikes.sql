@@ -443,8 +443,8 @@ SELECT dwarf.state_at(:main_id) -> 'total' AS total_at_end,
 SELECT dwarf.fold_changes('{"a": 1}', ARRAY['{"a": 2}'::jsonb, '{"b": 1}'], '{"a": "add"}') AS folded;
 SELECT count(*) AS listed FROM dwarf.list(graph => 'la_main', status => 'completed',
 	since => now() - interval '1 hour', until => clock_timestamp() + interval '1 hour',
-	thread => 'la-t2', error_like => NULL, "limit" => 10);
-SELECT flow_id AS first_id FROM dwarf.list(graph => 'la_main', "limit" => 1) \gset
+	thread => 'la-t2', error_like => NULL, page_size => 10);
+SELECT flow_id AS first_id FROM dwarf.list(graph => 'la_main', page_size => 1) \gset
 SELECT :first_id = :main_id AS newest_first,
 	   (SELECT count(*) FROM dwarf.list(graph => 'la_main', before => :first_id)) AS next_page;
 SELECT dwarf.history_mermaid(:main_id) LIKE 'flowchart TD%' AS mermaid,
@@ -592,7 +592,7 @@ SELECT la.try(format('SELECT dwarf.resume(%s, %L)', :vic_id, '{"go": true}')) AS
 SELECT la.try(format('SELECT dwarf.cancel(%s)', :vic_id)) AS cancel_victims;
 SELECT la.try(format('SELECT dwarf.delete(%s)', :vic_id)) AS delete_victims;
 SELECT la.try(format('SELECT dwarf.await(%s)', :vic_id)) AS await_victims;
-SELECT count(*) AS sees_victims FROM dwarf.snapshot(:vic_id);
+SELECT la.try(format('SELECT dwarf.snapshot(%s)', :vic_id)) AS snapshot_victims;
 -- not as a subgraph of her own flow (the error reaches her on_error handler),
 -- nor from inside a task of hers
 CREATE FUNCTION mal.t_sub(s jsonb) RETURNS jsonb LANGUAGE plpgsql

@@ -105,8 +105,8 @@ SET ROLE regress_dwarf_bob;
 SELECT pv.try(format('SELECT dwarf.await(%s, %L)', :slow_id, '1 s')) AS bob_await;
 SELECT pv.try(format('SELECT dwarf.cancel(%s, %L)', :slow_id, 'by bob')) AS bob_cancel;
 SELECT pv.try(format('SELECT dwarf.await(%s, %L)', :a_id, '1 s')) AS bob_await_closed;
-SELECT count(*) AS bob_sees_snapshot FROM dwarf.snapshot(:slow_id);
-SELECT count(*) AS bob_sees_history FROM dwarf.history(:a_id);
+SELECT pv.try(format('SELECT dwarf.snapshot(%s)', :slow_id)) AS bob_sees_snapshot;
+SELECT pv.try(format('SELECT dwarf.history(%s)', :a_id)) AS bob_sees_history;
 SELECT owner, count(*) FROM dwarf.flow GROUP BY owner ORDER BY owner;
 SELECT count(*) AS bob_sees_steps_of_others FROM dwarf.step s
  WHERE s.flow_id IN (:a_id, :slow_id);

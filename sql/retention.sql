@@ -141,7 +141,7 @@ END $$;
 -- Two hours later: the closed flows move with their steps; the interrupted
 -- flows stay, and so does the closed child whose parent still waits.
 SELECT (r ->> 'moved_flows')::int >= 4 AS moved, (r ->> 'more')::boolean AS more
-  FROM dwarf.maintain(now() + interval '2 hours') r;
+  FROM dwarf.maintain_at(now() + interval '2 hours') r;
 SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
 -- the step rows sit in the day partition of their flow
 SELECT count(*) AS steps_off_their_flows_day
@@ -197,11 +197,12 @@ SELECT task, status FROM dwarf.step((SELECT id FROM rt.flows WHERE name = 'plain
 -- list: live and archived together, newest first, and the same cursor
 SELECT array_agg(l.flow_id ORDER BY l.flow_id DESC) = array_agg(l.flow_id ORDER BY ord) AS newest_first,
 	   count(*) FILTER (WHERE l.flow_id IN (SELECT id FROM rt.flows)) AS mine
-  FROM dwarf.list("limit" => 1000) WITH ORDINALITY l(flow_id, graph, version, status, thread, error,
-														created_at, finished_at, ord);
-SELECT graph, status FROM dwarf.list(graph => 'rt_chain', "limit" => 2);
+  FROM dwarf.list(page_size => 1000) WITH ORDINALITY l(flow_id, graph, version, status, thread, error,
+														created_at, finished_at, interrupt_payload, error_task,
+														error_sqlstate, error_detail, error_hint, ord);
+SELECT graph, status FROM dwarf.list(graph => 'rt_chain', page_size => 2);
 SELECT graph, status FROM dwarf.list(graph => 'rt_chain',
-	before => (SELECT min(flow_id) FROM dwarf.list(graph => 'rt_chain', "limit" => 2)));
+	before => (SELECT min(flow_id) FROM dwarf.list(graph => 'rt_chain', page_size => 2)));
 SELECT count(*) FROM dwarf.list(thread => 'rt-thread');
 -- an idempotent create finds the archived flow, and inserts nothing
 SELECT dwarf.create('rt_chain', '{}', idempotency_key => 'rt-once')
@@ -234,8 +235,8 @@ SELECT partition AS some_day FROM dwarf.archive_days('dwarf.flow_archive') LIMIT
 SET ROLE rt_other;
 SELECT count(*) AS archived_flows, (SELECT count(*) FROM dwarf.step_archive) AS archived_steps
   FROM dwarf.flow_archive;
-SELECT count(*) FROM dwarf.history(:plain_id);
-SELECT count(*) FROM dwarf.snapshot(:plain_id);
+SELECT rt.try(format('SELECT dwarf.history(%s)', :plain_id));
+SELECT rt.try(format('SELECT dwarf.snapshot(%s)', :plain_id));
 SELECT rt.try(format('SELECT dwarf.await(%s)', :plain_id));
 SELECT rt.try(format('SELECT * FROM %s', :'some_day'));
 RESET ROLE;
@@ -257,7 +258,7 @@ SELECT f.name, rt.place(f.id) FROM rt.flows f WHERE f.name IN ('plain', 'failed'
 ----------------------------------------------------------------------
 SELECT (r ->> 'partitions_dropped')::int >= 1 AS dropped,
 	   (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS today_dropped
-  FROM dwarf.maintain(now() + interval '2 months') r;
+  FROM dwarf.maintain_at(now() + interval '2 months') r;
 SELECT to_regclass('dwarf.flow_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')) IS NULL AS flow_day_gone,
 	   to_regclass('dwarf.step_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')) IS NULL AS step_day_gone;
 -- A flow that closed on a day already expired is moved into that day (made
@@ -265,10 +266,17 @@ SELECT to_regclass('dwarf.flow_archive_' || to_char(now() AT TIME ZONE 'UTC', 'Y
 INSERT INTO rt.flows SELECT 'late', flow_id FROM dwarf.run('rt_chain', '{}');
 SELECT r -> 'days_made' ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS made_again,
 	   (r ->> 'moved_flows')::int >= 1 AS moved
-  FROM dwarf.maintain(now() + interval '2 months') r;
+  FROM dwarf.maintain_at(now() + interval '2 months') r;
+SELECT rt.place(id) FROM rt.flows WHERE name = 'late';
+-- a dry run of the next pass says what it would drop, with how many flows,
+-- and drops nothing
+SELECT (r ->> 'dry_run')::boolean AS dry_run,
+	   (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS would_drop_today,
+	   (r ->> 'flows_in_days_dropped')::int >= 1 AS with_its_flows
+  FROM dwarf.maintain_at(now() + interval '2 months', dry_run => true) r;
 SELECT rt.place(id) FROM rt.flows WHERE name = 'late';
 SELECT (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS dropped_on_the_next_pass
-  FROM dwarf.maintain(now() + interval '2 months') r;
+  FROM dwarf.maintain_at(now() + interval '2 months') r;
 SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
 SELECT dwarf.resume((SELECT id FROM rt.flows WHERE name = 'parent'), '"yes"');
 SELECT o.status, o.state -> 'second' AS second FROM dwarf.await((SELECT id FROM rt.flows WHERE name = 'parent')) o;

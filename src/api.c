@@ -23,6 +23,7 @@
 #include "pgstat.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/fmgrprotos.h"
@@ -260,6 +261,15 @@ dwarf_create(PG_FUNCTION_ARGS)
 
 static const char *const closed_statuses[] = {"interrupted", "completed", "failed", "cancelled"};
 
+/*
+ * The columns of dwarf.outcome: flow_id, status, state, error,
+ * interrupt_payload, cancel_reason, then the failed step's task, SQLSTATE,
+ * detail and hint (from its error document, under these keys).
+ */
+#define OUTCOME_COLUMNS		10
+#define OUTCOME_ROW_COLUMNS 6	/* those read from the flow's row */
+static const char *const outcome_error_keys[] = {"task", "sqlstate", "detail", "hint"};
+
 /* What dwarf.await or dwarf.run knows of the flow it waits for. */
 typedef struct Awaited
 {
@@ -273,7 +283,7 @@ typedef struct Awaited
 static void
 ClosedOutcome(int64 flow_id, RunOutcome *outcome, Datum *values, bool *nulls)
 {
-	memset(nulls, true, sizeof(bool) * 6);
+	memset(nulls, true, sizeof(bool) * OUTCOME_COLUMNS);
 	values[0] = Int64GetDatum(flow_id);
 	nulls[0] = false;
 	values[1] = CStringGetTextDatum(outcome->completed ? "completed" : "failed");
@@ -287,6 +297,30 @@ ClosedOutcome(int64 flow_id, RunOutcome *outcome, Datum *values, bool *nulls)
 	{
 		values[3] = CStringGetTextDatum(outcome->error);
 		nulls[3] = false;
+	}
+}
+
+/*
+ * Fills the outcome's error_task, error_sqlstate, error_detail and
+ * error_hint from a failed step's error document (none: NULLs).  The
+ * values are made in the caller's context, outside SPI's (the caller is
+ * connected to SPI).
+ */
+static void
+ErrorColumns(Datum doc, bool isnull, Datum *values, bool *nulls)
+{
+	int			i;
+
+	for (i = 0; i < lengthof(outcome_error_keys); i++)
+	{
+		int			col = OUTCOME_ROW_COLUMNS + i;
+		JsonbValue *v = isnull ? NULL : JsonbField(DatumGetJsonbP(doc), outcome_error_keys[i]);
+
+		nulls[col] = v == NULL || v->type != jbvString;
+		if (!nulls[col])
+			values[col] = SPI_datumTransfer(PointerGetDatum(cstring_to_text_with_len(v->val.string.val,
+																					 v->val.string.len)),
+											false, -1);
 	}
 }
 
@@ -311,6 +345,7 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 	int			i;
 	bool		closed = false;
 	bool		isnull;
+	Datum		doc;
 
 	/*
 	 * Read with a snapshot taken now, not the transaction's: in REPEATABLE
@@ -320,7 +355,9 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 	 */
 	if (plan == NULL)
 		plan = PrepareKept("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin,"
-						   " delete_on_completion FROM dwarf.flow WHERE id = $1", 1, types);
+						   " delete_on_completion, CASE WHEN status = 'failed'"
+						   " THEN dwarf.failed_step_error(id, error) END"
+						   " FROM dwarf.flow WHERE id = $1", 1, types);
 	PushActiveSnapshot(GetLatestSnapshot());
 	if (SPI_execute_plan(plan, args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
@@ -334,7 +371,9 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 	{
 		if (archived_plan == NULL)
 			archived_plan = PrepareKept("SELECT id, status, state, error, interrupt_payload,"
-										" cancel_reason, xmin, delete_on_completion"
+										" cancel_reason, xmin, delete_on_completion,"
+										" CASE WHEN status = 'failed'"
+										" THEN dwarf.failed_step_error(id, error) END"
 										" FROM dwarf.flow_archive WHERE id = $1",
 										1, types);
 		PushActiveSnapshot(GetLatestSnapshot());
@@ -357,10 +396,7 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 						flow_id, aw->waiter),
 				 errdetail("It was removed (by dwarf.delete, or by dwarf.purge or retention once it had closed) before its outcome could be read; its outcome is gone with it.")));
 	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
-				 errhint("A role sees only its own flows.")));
+		FlowNotFound(flow_id);
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
 	status = SPI_getvalue(tup, desc, 2);
@@ -379,46 +415,76 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 	}
 	for (i = 0; i < lengthof(closed_statuses); i++)
 		closed |= strcmp(status, closed_statuses[i]) == 0;
-	for (i = 0; i < 6; i++)
+	for (i = 0; i < OUTCOME_ROW_COLUMNS; i++)
 	{
 		values[i] = SPI_getbinval(tup, desc, i + 1, &nulls[i]);
 		if (!nulls[i])
 			values[i] = SPI_datumTransfer(values[i], TupleDescAttr(desc, i)->attbyval,
 										  TupleDescAttr(desc, i)->attlen);
 	}
+	doc = SPI_getbinval(tup, desc, 9, &isnull);
+	ErrorColumns(doc, isnull, values, nulls);
 	return closed;
 }
 
 /*
- * Waits in the server until the flow closes or parks, or timeout_ms passes,
- * and fills values/nulls with its outcome (past the timeout, as it is now).
- * Sleeps on its latch; the worker that commits the flow's end sets it, and
- * so does a delete of the flow.
+ * Waits in the server until the flows close or park (every one of them;
+ * with any, one of them), or timeout_ms passes, and fills values[i] and
+ * nulls[i] with flow i's outcome (past the timeout, as it is now).  Returns
+ * the first flow, in their order, that has closed or parked; -1 if none
+ * has.  Sleeps on its latch; the worker that commits a flow's end sets it
+ * when that flow is the one this backend watches (its waiter slot holds
+ * one id: the first still open), and so does a delete of it.  The others
+ * are read again when it wakes, and at least every second (with any and
+ * several flows, every 100 ms: one of the others may be the first to end).
  */
-static void
-AwaitFlow(Awaited *aw, int64 timeout_ms, Datum *values, bool *nulls)
+static int
+AwaitFlows(Awaited *aws, int n, bool any, int64 timeout_ms, Datum **values, bool **nulls)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[MyProc->pgprocno] : NULL;
-	bool		first = true;
+	bool	   *done = palloc0(sizeof(bool) * n);
+	volatile int watched = 0;
+	volatile bool first = true;
+	volatile int closed = -1;
 
 	Connect();
 	if (waiting)
-		pg_atomic_write_u64(waiting, (uint64) aw->flow_id);
+		pg_atomic_write_u64(waiting, (uint64) aws[0].flow_id);
 	PG_TRY();
 	{
 		for (;;)
 		{
 			long		remaining;
+			int			open = -1;
+			int			i;
 
-			if (ReadOutcome(aw, values, nulls, first))
-				break;
+			for (i = 0; i < n; i++)
+				if (!done[i])
+					done[i] = ReadOutcome(&aws[i], values[i], nulls[i], first);
 			first = false;
+			for (i = n - 1; i >= 0; i--)
+			{
+				if (done[i])
+					closed = i;
+				else
+					open = i;
+			}
+			if (open < 0 || (any && closed >= 0))
+				break;
+			if (open != watched)
+			{
+				/* Watch the next open flow, and read it once more before sleeping. */
+				watched = open;
+				if (waiting)
+					pg_atomic_write_u64(waiting, (uint64) aws[open].flow_id);
+				continue;
+			}
 			remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
 			if (remaining <= 0)
 				break;
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 Min(remaining, 1000), PG_WAIT_EXTENSION);
+							 Min(remaining, any && n > 1 ? 100 : 1000), PG_WAIT_EXTENSION);
 			ResetLatch(MyLatch);
 			CHECK_FOR_INTERRUPTS();
 		}
@@ -430,6 +496,15 @@ AwaitFlow(Awaited *aw, int64 timeout_ms, Datum *values, bool *nulls)
 	}
 	PG_END_TRY();
 	SPI_finish();
+	pfree(done);
+	return closed;
+}
+
+/* AwaitFlows for one flow. */
+static void
+AwaitFlow(Awaited *aw, int64 timeout_ms, Datum *values, bool *nulls)
+{
+	(void) AwaitFlows(aw, 1, false, timeout_ms, &values, &nulls);
 }
 
 static Datum
@@ -448,8 +523,8 @@ DWARF_FUNCTION(dwarf_await);
 Datum
 dwarf_await(PG_FUNCTION_ARGS)
 {
-	Datum		values[6];
-	bool		nulls[6];
+	Datum		values[OUTCOME_COLUMNS];
+	bool		nulls[OUTCOME_COLUMNS];
 	int64		timeout_ms;
 	Awaited		aw = {.waiter = "dwarf.await"};
 
@@ -465,6 +540,126 @@ dwarf_await(PG_FUNCTION_ARGS)
 	aw.flow_id = PG_GETARG_INT64(0);
 	AwaitFlow(&aw, timeout_ms, values, nulls);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
+}
+
+/* The most flows dwarf.await_all and dwarf.await_any wait for at once. */
+#define AWAIT_MAX_FLOWS 10000
+
+/*
+ * The flow ids of dwarf.await_all's or dwarf.await_any's array, checked:
+ * no NULL, at most AWAIT_MAX_FLOWS, and no waiting inside a task.
+ */
+static Awaited *
+AwaitedFromArray(FunctionCallInfo fcinfo, const char *waiter, int *n, int64 *timeout_ms)
+{
+	ArrayType  *array;
+	Datum	   *elems;
+	bool	   *elem_nulls;
+	Awaited    *aws;
+	int			i;
+
+	CheckNotNull(fcinfo, 0, "flow_ids");
+	CheckNotNull(fcinfo, 1, "timeout");
+	*timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(1), "timeout") / 1000;
+	if (DwarfCurrentStep != NULL && *timeout_ms > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s cannot wait inside a dwarf task", waiter),
+				 errdetail("The task would hold its worker while it waits."),
+				 errhint("Use a timeout of 0 to read the flows' status, or dwarf.subgraph() to run a flow and wait for it.")));
+	array = PG_GETARG_ARRAYTYPE_P(0);
+	deconstruct_array(array, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &elems, &elem_nulls, n);
+	if (*n > AWAIT_MAX_FLOWS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s waits for at most %d flows, not %d", waiter, AWAIT_MAX_FLOWS, *n),
+				 errhint("Wait for them in batches.")));
+	aws = palloc0(sizeof(Awaited) * Max(*n, 1));
+	for (i = 0; i < *n; i++)
+	{
+		if (elem_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("flow_ids of %s must not hold a NULL", waiter)));
+		aws[i].flow_id = DatumGetInt64(elems[i]);
+		aws[i].waiter = waiter;
+	}
+	return aws;
+}
+
+/* Room for n outcomes, as AwaitFlows fills them. */
+static void
+OutcomeArrays(int n, Datum ***values, bool ***nulls)
+{
+	int			i;
+
+	*values = palloc(sizeof(Datum *) * Max(n, 1));
+	*nulls = palloc(sizeof(bool *) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		(*values)[i] = palloc0(sizeof(Datum) * OUTCOME_COLUMNS);
+		(*nulls)[i] = palloc(sizeof(bool) * OUTCOME_COLUMNS);
+		memset((*nulls)[i], true, sizeof(bool) * OUTCOME_COLUMNS);
+	}
+}
+
+DWARF_FUNCTION(dwarf_await_all);
+
+/*
+ * dwarf.await_all(flows, timeout): waits, in one backend, until every flow
+ * has closed or parked, or the timeout passes; one outcome per element of
+ * the array, in its order.  An unknown id is await's error, before any wait.
+ */
+Datum
+dwarf_await_all(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Awaited    *aws;
+	Datum	  **values;
+	bool	  **nulls;
+	int64		timeout_ms;
+	int			n;
+	int			i;
+
+	aws = AwaitedFromArray(fcinfo, "dwarf.await_all", &n, &timeout_ms);
+	InitMaterializedSRF(fcinfo, 0);
+	if (n == 0)
+		return (Datum) 0;
+	OutcomeArrays(n, &values, &nulls);
+	(void) AwaitFlows(aws, n, false, timeout_ms, values, nulls);
+	for (i = 0; i < n; i++)
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values[i], nulls[i]);
+	return (Datum) 0;
+}
+
+DWARF_FUNCTION(dwarf_await_any);
+
+/*
+ * dwarf.await_any(flows, timeout): waits until one of the flows has closed
+ * or parked and returns its outcome (of several, the first in the array's
+ * order); past the timeout, the first flow's outcome as it is.
+ */
+Datum
+dwarf_await_any(PG_FUNCTION_ARGS)
+{
+	Awaited    *aws;
+	Datum	  **values;
+	bool	  **nulls;
+	int64		timeout_ms;
+	int			n;
+	int			closed;
+
+	aws = AwaitedFromArray(fcinfo, "dwarf.await_any", &n, &timeout_ms);
+	if (n == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("flow_ids of dwarf.await_any is empty")));
+	OutcomeArrays(n, &values, &nulls);
+	closed = AwaitFlows(aws, n, true, timeout_ms, values, nulls);
+	if (closed < 0)
+		closed = 0;
+	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values[closed], nulls[closed]));
 }
 
 /* ---------- run ---------- */
@@ -505,8 +700,8 @@ DWARF_FUNCTION(dwarf_run);
 Datum
 dwarf_run(PG_FUNCTION_ARGS)
 {
-	Datum		values[6];
-	bool		nulls[6];
+	Datum		values[OUTCOME_COLUMNS];
+	bool		nulls[OUTCOME_COLUMNS];
 	int64		timeout_ms;
 	TimestampTz deadline;
 	RunOutcome	outcome;
@@ -537,8 +732,12 @@ dwarf_run(PG_FUNCTION_ARGS)
 									 &outcome);
 	aw.deletes_itself = !PG_ARGISNULL(8) && PG_GETARG_BOOL(8);
 
-	/* Usually it closed in the commit that created it, and we know how. */
-	if (outcome.closed)
+	/*
+	 * Usually it closed in the commit that created it, and we know how; a
+	 * failed flow's outcome is read from the tables, for the step that
+	 * failed it (the answer carries the message only).
+	 */
+	if (outcome.closed && outcome.completed)
 		ClosedOutcome(aw.flow_id, &outcome, values, nulls);
 	else
 		AwaitFlow(&aw, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),

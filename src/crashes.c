@@ -235,6 +235,20 @@ CopyMine(void)
 	MineValid = true;
 }
 
+/*
+ * How many steps of this database are suspects, blamed for ending their
+ * process (dwarf.health shows them as poison steps).
+ */
+int
+CrashesSuspects(void)
+{
+	if (Crashes == NULL || Crashes->nsuspects == 0)
+		return 0;
+	if (!MineValid || MineAt != Crashes->generation)
+		CopyMine();
+	return NMine;
+}
+
 /* This step, if this transaction ran or failed it as a suspect; or NULL. */
 static FinishedStep *
 FindFinished(int64 flow_id, int token_id)

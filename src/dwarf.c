@@ -30,6 +30,7 @@
 #include "flows.h"
 #include "offers.h"
 #include "limits.h"
+#include "stats.h"
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
@@ -82,6 +83,7 @@ dwarf_shmem_request(void)
 	DwarfShmemRequest();
 	OffersShmemRequest();
 	LimitsShmemRequest();
+	StatsShmemRequest();
 }
 
 static void
@@ -92,6 +94,7 @@ dwarf_shmem_startup(void)
 	DwarfShmemStartup();
 	OffersShmemStartup();
 	LimitsShmemStartup();
+	StatsShmemStartup();
 }
 
 /* Does this statement drop the extension dwarf? */
@@ -411,9 +414,20 @@ _PG_init(void)
 							0,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("dwarf.stats_entries",
+							"Graphs and tasks whose statistics shared memory keeps, for all databases.",
+							"Each takes about 400 bytes. When they are full, the least recently counted ones go, and count from zero if they come back.",
+							&dwarf_stats_entries,
+							4096, 64, 1000000,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("dwarf");
 
 	RegisterXactCallback(DwarfXactCallback, NULL);
+	RegisterXactCallback(StatsXactCallback, NULL);
+	RegisterSubXactCallback(StatsSubXactCallback, NULL);
 
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = dwarf_shmem_request;

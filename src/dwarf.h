@@ -53,10 +53,12 @@ extern char *dwarf_http_allow;	/* URL prefixes HTTP tasks may call */
 extern int	dwarf_http_max_response;	/* kB of an HTTP answer's body */
 extern int	dwarf_http_max_in_flight;	/* HTTP calls at once, per database */
 extern int	dwarf_http_max_host_connections;	/* ... connections per host */
+extern int	dwarf_stats_entries;	/* graphs' and tasks' statistics kept (stats.c) */
 
 /*
- * Flow ids are (shard << DWARF_SHARD_SHIFT) | (timeline & 0xFF) <<
- * DWARF_EPOCH_SHIFT | sequence value.
+ * Flow ids are (shard << DWARF_SHARD_SHIFT) | ((timeline - 1) & 0xFF) <<
+ * DWARF_EPOCH_SHIFT | sequence value: a server never promoted (timeline 1)
+ * has epoch 0, so its first flow id is 1.
  */
 #define DWARF_SHARD_SHIFT	48
 #define DWARF_EPOCH_SHIFT	40

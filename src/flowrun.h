@@ -106,6 +106,7 @@ typedef struct FlowRun
 								 * when it is the top): a NOTE_CANCEL_TREE
 								 * names it */
 	int64		steps;			/* step rows so far (dwarf.max_flow_steps) */
+	TimestampTz created_at;		/* its row's: flow durations count from it (stats.c) */
 	FlowStatus	status;
 	Jsonb	   *final_state;
 	char	   *error;

@@ -50,6 +50,7 @@
 #include "shmem.h"
 #include "json.h"
 #include "flows.h"
+#include "stats.h"
 
 /* What to tell the workers (and the launcher) when this transaction commits. */
 typedef struct PendingNote
@@ -330,10 +331,12 @@ CheckNotStandby(const char *function)
 }
 
 /*
- * A new flow id: this shard's number, the low bits of the WAL timeline, and
- * the sequence's value.  The timeline changes at every promotion, so a
- * standby promoted after an asynchronous failover never hands out again an
- * id (nor a dwarf.step_key()) that the lost primary had given out.
+ * A new flow id: this shard's number, an epoch, and the sequence's value.
+ * The epoch is the WAL timeline less one (its low 8 bits), so a server
+ * never promoted (timeline 1) hands out small ids: 1, 2, 3...  The timeline
+ * changes at every promotion, so a standby promoted after an asynchronous
+ * failover (timeline 2, epoch 1) never hands out again an id (nor a
+ * dwarf.step_key()) that the lost primary had given out.
  */
 int64
 NewFlowId(void)
@@ -350,7 +353,71 @@ NewFlowId(void)
 				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
 				 errmsg("dwarf.flow_seq is past 2^40")));
 	return ((int64) dwarf_shard_id << DWARF_SHARD_SHIFT) |
-		((int64) (GetWALInsertionTimeLine() & 0xFF) << DWARF_EPOCH_SHIFT) | value;
+		((int64) ((GetWALInsertionTimeLine() - 1) & 0xFF) << DWARF_EPOCH_SHIFT) | value;
+}
+
+/*
+ * The error of every function that takes a flow id, for one the caller
+ * cannot see, live or archived: "flow N does not exist".  Its hint says
+ * what the id itself tells: that it names another shard, or that it was
+ * given out on another timeline (bits 40 to 47, NewFlowId): a later one
+ * means another server's id; an earlier one, an id from before this
+ * server's last promotion, which may be a flow lost with the old primary.
+ */
+void
+FlowNotFound(int64 flow_id)
+{
+	int			shard = (int) (flow_id >> DWARF_SHARD_SHIFT);
+	int			epoch = (int) ((flow_id >> DWARF_EPOCH_SHIFT) & 0xFF);
+	int			now = RecoveryInProgress() ? epoch : (int) ((GetWALInsertionTimeLine() - 1) & 0xFF);
+
+	if (flow_id > 0 && shard != dwarf_shard_id)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
+				 errhint("A flow id carries its shard's dwarf.shard_id in bits 48 to 62: this one names shard %d, and this server is shard %d.",
+						 shard, dwarf_shard_id)));
+	if (flow_id > 0 && epoch > now)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
+				 errhint("Its bits 40 to 47 say it was given out on timeline %d, and this server is on timeline %d: it is not an id of this server.",
+						 epoch + 1, now + 1)));
+	if (flow_id > 0 && epoch < now)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
+				 errhint("A role sees only its own flows. This id was given out before this server's last promotion (on timeline %d; it is on timeline %d): a flow the old primary created after the last WAL this server received was lost with it.",
+						 epoch + 1, now + 1)));
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
+			 errhint("A role sees only its own flows (and those of roles whose privileges it has).")));
+}
+
+DWARF_FUNCTION(dwarf_check_flow);
+
+/*
+ * dwarf.check_flow(flow): nothing when the caller may see the flow (live
+ * or archived), else FlowNotFound's error; what the SQL functions that take
+ * a flow id (history, snapshot...) call first, so that an unknown id is the
+ * same error everywhere.
+ */
+Datum
+dwarf_check_flow(PG_FUNCTION_ARGS)
+{
+	int64		flow_id = PG_GETARG_INT64(0);
+	Oid			types[1] = {INT8OID};
+	Datum		args[1] = {Int64GetDatum(flow_id)};
+	bool		found;
+
+	Connect();
+	Exec("SELECT 1 FROM dwarf.flow_all WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	found = SPI_processed > 0;
+	SPI_finish();
+	if (!found)
+		FlowNotFound(flow_id);
+	PG_RETURN_VOID();
 }
 
 /* ---------- flow rows ---------- */
@@ -468,6 +535,13 @@ InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 				 text_to_cstring(key));
 		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	}
+
+	/*
+	 * A new flow counts as created (stats.c), unless the worker that wrote
+	 * it takes it in from its row (row): TakeInFlow counts those.
+	 */
+	if (*is_new && row == NULL)
+		StatsFlowCreated(graph_id, NULL);
 	RestoreUser(saved);
 	return id;
 }
@@ -515,7 +589,8 @@ CancelDescendants(int64 flow_id, int64 root, const char *reason)
 	{
 		if (flow_id == root)
 			Exec("UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(), cancel_reason = $3"
-				 " WHERE root_id = $2 AND status IN ('running', 'interrupted') RETURNING id",
+				 " WHERE root_id = $2 AND status IN ('running', 'interrupted')"
+				 " RETURNING id, " CLOSED_FLOW_COLUMNS,
 				 3, types, args, NULL, SPI_OK_UPDATE_RETURNING);
 		else
 			Exec("WITH RECURSIVE tree AS ("
@@ -523,7 +598,7 @@ CancelDescendants(int64 flow_id, int64 root, const char *reason)
 				 "  UNION ALL SELECT f.id FROM dwarf.flow f JOIN tree t ON f.parent_id = t.id)"
 				 " UPDATE dwarf.flow SET status = 'cancelled', finished_at = now(), cancel_reason = $3"
 				 " WHERE id IN (SELECT id FROM tree) AND root_id = $2"
-				 "  AND status IN ('running', 'interrupted') RETURNING id",
+				 "  AND status IN ('running', 'interrupted') RETURNING id, " CLOSED_FLOW_COLUMNS,
 				 3, types, args, NULL, SPI_OK_UPDATE_RETURNING);
 		if (SPI_processed == 0)
 			break;
@@ -535,6 +610,7 @@ CancelDescendants(int64 flow_id, int64 root, const char *reason)
 				ids[total + i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
 															 SPI_tuptable->tupdesc, 1, &isnull));
 		}
+		StatsClosedRows(2, STATS_CANCELLED);
 		total += SPI_processed;
 	}
 	if (total > CANCEL_NOTES_PER_FLOW)
@@ -566,10 +642,12 @@ FailTreeOnCap(int64 root)
 	args[1] = CStringGetTextDatum(psprintf("the flow tree of flow " INT64_FORMAT " reached %d flows, the most dwarf.max_tree_flows allows",
 										   root, dwarf_max_tree_flows));
 	Exec("UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = now()"
-		 " WHERE id = $1 AND status IN ('running', 'interrupted') AND root_id IS NULL",
-		 2, types, args, NULL, SPI_OK_UPDATE);
+		 " WHERE id = $1 AND status IN ('running', 'interrupted') AND root_id IS NULL"
+		 " RETURNING " CLOSED_FLOW_COLUMNS,
+		 2, types, args, NULL, SPI_OK_UPDATE_RETURNING);
 	if (SPI_processed == 1)
 	{
+		StatsClosedRows(1, STATS_FAILED);
 		NoteOnCommit(root, NOTE_RELOAD_FLOW, true);
 		NoteOnCommit(root, NOTE_CANCEL_FLOW, false);
 	}

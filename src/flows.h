@@ -51,6 +51,7 @@ extern void ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, D
 /* ---------- graphs and flows ---------- */
 
 extern int64 NewFlowId(void);
+extern void FlowNotFound(int64 flow_id) pg_attribute_noreturn();
 extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 						text *key, Jsonb *input, Jsonb *options, bool *is_new);
 extern int64 InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
@@ -82,6 +83,7 @@ typedef struct FlowRow
 	int64		parent_id;		/* 0: none */
 	bool		orphan;			/* a child whose parent has closed or gone */
 	int64		root_id;		/* the top of its tree of subgraphs; 0: itself */
+	TimestampTz created_at;		/* 0: now (a row the worker wrote itself) */
 } FlowRow;
 
 /*
@@ -105,7 +107,8 @@ enum
 	Anum_flowrow_start_task,
 	Anum_flowrow_parent_id,
 	Anum_flowrow_orphan,
-	Anum_flowrow_root_id
+	Anum_flowrow_root_id,
+	Anum_flowrow_created_at
 };
 #define FLOW_ROW_COLUMNS \
 	"f.id, f.graph_id, f.owner::oid, f.priority, f.input, f.resume_data, f.baggage," \
@@ -114,7 +117,7 @@ enum
 	" f.parent_id," \
 	" f.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id" \
 	"  AND p.status IN ('running', 'interrupted'))," \
-	" f.root_id"
+	" f.root_id, f.created_at"
 
 /* ---------- arguments ---------- */
 

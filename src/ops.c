@@ -40,6 +40,7 @@
 #include "flowrun.h"
 #include "json.h"
 #include "flows.h"
+#include "stats.h"
 #include "names.h"
 
 /*
@@ -55,10 +56,7 @@ VisibleFlowStatus(int64 flow_id)
 
 	Exec("SELECT status FROM dwarf.flow_all WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("flow " INT64_FORMAT " does not exist", flow_id),
-				 errhint("A role sees only its own flows.")));
+		FlowNotFound(flow_id);
 	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 }
 
@@ -92,13 +90,15 @@ CancelFlowAndTree(int64 flow_id, Datum *args, char *nulls)
 	Datum		root;
 
 	Exec("UPDATE dwarf.flow SET status = 'cancelled', cancel_reason = $2, finished_at = now()"
-		 " WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id, root_id",
+		 " WHERE id = $1 AND status IN ('running', 'interrupted')"
+		 " RETURNING parent_id, root_id, " CLOSED_FLOW_COLUMNS,
 		 2, types, args, nulls, SPI_OK_UPDATE_RETURNING);
 	if (SPI_processed == 0)
 	{
 		RestoreUser(saved);
 		return false;
 	}
+	StatsClosedRows(3, STATS_CANCELLED);
 	root = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &no_root);
 	root = no_root ? Int64GetDatum(flow_id) : root;
 	parent = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -427,9 +427,7 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	Connect();
 	Exec(CONTINUED_FLOW_SQL, 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("flow " INT64_FORMAT " does not exist", flow_id)));
+		FlowNotFound(flow_id);
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
 	status = SPI_getvalue(tup, desc, Anum_continued_status);
@@ -570,17 +568,19 @@ dwarf_delete(PG_FUNCTION_ARGS)
 DWARF_FUNCTION(dwarf_purge);
 
 /*
- * dwarf.purge(older_than): deletes the closed flows (and their steps) of
- * the roles the caller has the privileges of, finished before now() minus
- * older_than.  A closed child whose parent is still open stays, as for
- * dwarf.delete (its parent's step reads it again).  Returns how many flows
- * went.
+ * dwarf.purge(older_than, all_roles): deletes the caller's own closed flows
+ * (and their steps) finished before now() minus older_than; with
+ * all_roles, those of every role the caller has the privileges of (for a
+ * superuser, every role's).  Own flows by default, so that a superuser's
+ * or an admin role's clean-up of its own flows leaves other teams' alone.
+ * A closed child whose parent is still open stays, as for dwarf.delete
+ * (its parent's step reads it again).  Returns how many flows went.
  */
 Datum
 dwarf_purge(PG_FUNCTION_ARGS)
 {
-	Oid			types[2] = {INTERVALOID, OIDOID};
-	Datum		args[2] = {PG_GETARG_DATUM(0), ObjectIdGetDatum(GetUserId())};
+	Oid			types[3] = {INTERVALOID, OIDOID, BOOLOID};
+	Datum		args[3] = {PG_GETARG_DATUM(0), ObjectIdGetDatum(GetUserId()), PG_GETARG_DATUM(1)};
 	bool		isnull;
 	int64		purged;
 	SavedUser	saved;
@@ -594,7 +594,7 @@ dwarf_purge(PG_FUNCTION_ARGS)
 		 "  DELETE FROM dwarf.flow f"
 		 "   WHERE f.status IN ('completed', 'failed', 'cancelled')"
 		 "     AND f.finished_at < now() - $1"
-		 "     AND pg_has_role($2, f.owner, 'USAGE')"
+		 "     AND (f.owner::oid = $2 OR $3 AND pg_has_role($2, f.owner, 'USAGE'))"
 		 "     AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id"
 		 "                      AND p.status IN ('running', 'interrupted'))"
 		 "  RETURNING f.id),"
@@ -602,12 +602,12 @@ dwarf_purge(PG_FUNCTION_ARGS)
 		 " archived AS ("
 		 "  DELETE FROM dwarf.flow_archive"
 		 "   WHERE finished_at < now() - $1"
-		 "     AND pg_has_role($2, owner, 'USAGE')"
+		 "     AND (owner::oid = $2 OR $3 AND pg_has_role($2, owner, 'USAGE'))"
 		 "  RETURNING id, finished_at),"
 		 " archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a"
 		 "  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at)"
 		 " SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM archived)",
-		 2, types, args, NULL, SPI_OK_SELECT);
+		 3, types, args, NULL, SPI_OK_SELECT);
 	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	RestoreUser(saved);
 	SPI_finish();

@@ -50,6 +50,7 @@ typedef struct OwnerQueue
 static HTAB *Owners = NULL;
 static dlist_head Busy = DLIST_STATIC_INIT(Busy);
 static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
+static int	NTimers = 0;		/* on Timers */
 static HTAB *FairKeys = NULL;
 static double VirtualTime = 0;	/* vtime of the last entry run */
 static uint64 ReadySeq = 0;
@@ -268,6 +269,7 @@ EnqueueRunnable(FlowRun *flow)
 		if (token->due > now)
 		{
 			pairingheap_add(Timers, &entry->ph);
+			NTimers++;
 			token->timer = entry;
 		}
 		else
@@ -294,6 +296,7 @@ UnqueueTimers(FlowRun *flow)
 		if (token->timer == NULL)
 			continue;
 		pairingheap_remove(Timers, &token->timer->ph);
+		NTimers--;
 		pfree(token->timer);
 		token->timer = NULL;
 		token->queued = false;
@@ -323,6 +326,7 @@ MoveDueTimers(void)
 			break;
 		}
 		(void) pairingheap_remove_first(Timers);
+		NTimers--;
 		/* its token (if its flow was not reloaded since) is off the heap now */
 		flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
 		token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
@@ -491,6 +495,13 @@ MakeFairKeys(void)
 	ctl.hcxt = Worker.context;
 	FairKeys = hash_create("dwarf fairness keys", 64, &ctl,
 						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+}
+
+/* How many steps wait on the timer heap (dwarf.health shows them). */
+int
+QueueTimerCount(void)
+{
+	return NTimers;
 }
 
 /* Sets up the queue, in Worker.context; once, when the worker starts. */

@@ -186,7 +186,7 @@ NoteLibrary(struct dl_phdr_info *info, size_t size, void *arg)
 {
 	const char *name = NULL;
 
-	while (FindNewLibrary(info, size, &name) == 1)
+	if (FindNewLibrary(info, size, &name))
 	{
 		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
 

@@ -63,6 +63,11 @@ typedef struct DwarfWorkerSlot
 	pg_atomic_uint64 flows_closed;
 	pg_atomic_uint64 batches;
 	pg_atomic_uint64 aborted_batches;
+
+	/* what dwarf.health shows, written by the worker's loop (worker.c) */
+	volatile int32 timers;		/* steps waiting for a timer, sleepers too */
+	volatile int32 poison_steps;	/* this database's steps blamed for
+									 * crashes (crashes.c) */
 } DwarfWorkerSlot;
 
 typedef enum DwarfRequestState

@@ -131,6 +131,13 @@ SleeperIds(int *n)
 	return ids;
 }
 
+/* How many evicted flows wait (dwarf.health shows them). */
+int
+SleeperCount(void)
+{
+	return NSleepers;
+}
+
 /* Milliseconds until the next sleeper is due (0: one is), or -1 if none waits. */
 long
 SleepersNextMs(void)

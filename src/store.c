@@ -44,6 +44,7 @@
 #include "flows.h"
 #include "rows.h"
 #include "offers.h"
+#include "stats.h"
 #include "worker.h"
 
 typedef struct GraphEntry
@@ -208,11 +209,12 @@ PreparePlans(void)
 	OrphanPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = 'cancelled', finished_at = clock_timestamp(),"
 		" cancel_reason = 'parent flow ' || parent_id || ' is gone or closed'"
-		" WHERE id = $1 AND status IN ('running', 'interrupted')",
+		" WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING " CLOSED_FLOW_COLUMNS,
 		1, int8_type);
 	FailFlowPlan = PrepareKept(
 		"UPDATE dwarf.flow SET status = 'failed', error = $2, finished_at = clock_timestamp()"
-		" WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id",
+		" WHERE id = $1 AND status IN ('running', 'interrupted') RETURNING parent_id, "
+		CLOSED_FLOW_COLUMNS,
 		2, fail_types);
 	ResumedPlan = PrepareKept(
 		"UPDATE dwarf.flow SET resume_data = NULL WHERE id = $1",
@@ -552,11 +554,22 @@ WriteClose(FlowRun *flow)
 		args[0] = Int64GetDatum(flow->id);
 		if (SPI_execute_plan(DeleteFlowPlan, args, NULL, false, 0) != SPI_OK_SELECT)
 			elog(ERROR, "dwarf: could not delete flow " INT64_FORMAT, flow->id);
+		StatsFlowClosed(flow->graph->id, flow->graph->name, STATS_COMPLETED, flow->created_at);
 		return;
 	}
 
+	/*
+	 * Counted when the row is written; RowsCloseFlow also says true when a
+	 * cancel committed first (the row is no longer running), which then
+	 * counts twice, once as cancelled.
+	 */
 	if (RowsCloseFlow(flow->id, flow->status == FLOW_COMPLETED, flow->final_state, flow->error))
+	{
+		StatsFlowClosed(flow->graph->id, flow->graph->name,
+						flow->status == FLOW_COMPLETED ? STATS_COMPLETED : STATS_FAILED,
+						flow->created_at);
 		return;
+	}
 	args[0] = Int64GetDatum(flow->id);
 	args[1] = CStringGetTextDatum(flow->status == FLOW_COMPLETED ? "completed" : "failed");
 	if (flow->final_state)
@@ -569,6 +582,10 @@ WriteClose(FlowRun *flow)
 		nulls[3] = 'n';
 	if (SPI_execute_plan(CloseFlowPlan, args, nulls, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "dwarf: could not close flow " INT64_FORMAT, flow->id);
+	if (SPI_processed == 1)
+		StatsFlowClosed(flow->graph->id, flow->graph->name,
+						flow->status == FLOW_COMPLETED ? STATS_COMPLETED : STATS_FAILED,
+						flow->created_at);
 }
 
 /* Marks the flow's row interrupted, with a parked token's payload and state. */
@@ -663,6 +680,7 @@ FlowRowFromTuple(HeapTuple tup, TupleDesc desc, FlowRow *row)
 	row->orphan = DatumGetBool(SPI_getbinval(tup, desc, Anum_flowrow_orphan, &isnull));
 	d = SPI_getbinval(tup, desc, Anum_flowrow_root_id, &isnull);
 	row->root_id = isnull ? 0 : DatumGetInt64(d);
+	row->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, Anum_flowrow_created_at, &isnull));
 }
 
 /*
@@ -686,8 +704,9 @@ AddFlow(const FlowRow *row, bool replay)
 	{
 		Datum		arg = Int64GetDatum(id);
 
-		if (SPI_execute_plan(OrphanPlan, &arg, NULL, false, 0) != SPI_OK_UPDATE)
+		if (SPI_execute_plan(OrphanPlan, &arg, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "dwarf: could not cancel orphaned flow " INT64_FORMAT, id);
+		StatsClosedRows(1, STATS_CANCELLED);
 		return NULL;
 	}
 	if (graph == NULL)
@@ -716,6 +735,8 @@ AddFlow(const FlowRow *row, bool replay)
 	flow->delete_on_completion = row->delete_on_completion;
 	flow->parent_id = row->parent_id;
 	flow->root_id = row->root_id ? row->root_id : row->id;
+	/* a row the worker wrote itself has its transaction's start (rows.c) */
+	flow->created_at = row->created_at ? row->created_at : GetCurrentTransactionStartTimestamp();
 	if (replay)
 	{
 		dlist_iter	iter;
@@ -754,6 +775,9 @@ AddFlow(const FlowRow *row, bool replay)
 FlowRun *
 TakeInFlow(const FlowRow *row)
 {
+	Graph	   *graph = GetGraph(row->graph_id);
+
+	StatsFlowCreated(row->graph_id, graph ? graph->name : NULL);
 	return AddFlow(row, false);
 }
 
@@ -1065,6 +1089,7 @@ FailFlowRow(int64 id, const char *error)
 		elog(ERROR, "dwarf: could not fail flow " INT64_FORMAT, id);
 	if (SPI_processed == 0)
 		return;
+	StatsClosedRows(2, STATS_FAILED);
 	NoteOnCommit(id, NOTE_RELOAD_FLOW, true);	/* wakes its waiters */
 	parent = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (!isnull)
@@ -1118,6 +1143,11 @@ RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outc
 		(outcome->kind != OUTCOME_ERROR && outcome->kind != OUTCOME_RETRY);
 
 	RowsInsertStep(values, nulls);
+	if (outcome->kind != OUTCOME_RESUMED)	/* a resume's row ran no task */
+		StatsStep(graph->id, graph->name, node, graph->nodes[node].name,
+				  outcome->kind == OUTCOME_ERROR ? STATS_STEP_FAILED :
+				  outcome->kind == OUTCOME_RETRY ? STATS_STEP_RETRIED : STATS_STEP,
+				  started, finished);
 }
 
 /* Sets up the graph cache; once, when the worker starts. */

@@ -1454,6 +1454,8 @@ DwarfWorkerMain(Datum arg)
 		RunBatch(requests);
 		IntakeAnswer();
 		pg_atomic_write_u64(&Worker.slot->ready, Worker.ready_count);
+		Worker.slot->timers = QueueTimerCount() + SleeperCount();
+		Worker.slot->poison_steps = CrashesSuspects();
 		MemoryContextSwitchTo(TopMemoryContext);
 		MemoryContextReset(Worker.batch_context);
 

@@ -174,6 +174,7 @@ extern void CrashesInitRunner(int runner);
 extern void CrashesNoteStep(int64 flow_id, int token_id);
 extern void CrashesRunnerDied(int runner);
 extern int	CrashesOf(int64 flow_id, int token_id);
+extern int	CrashesSuspects(void);
 
 /* queue.c */
 extern void QueueInit(void);
@@ -192,6 +193,7 @@ extern void SetRunningPriority(List *batch);
 extern void ClearRunningPriority(void);
 extern bool QueueHasRunnable(void);
 extern bool QueueHasReady(void);
+extern int	QueueTimerCount(void);
 
 /* sleepers.c */
 extern void SleeperAdd(int64 flow_id, TimestampTz due);
@@ -199,6 +201,7 @@ extern bool TakeDueSleeper(int64 *flow_id);
 extern void SleepersForget(void);
 extern int64 *SleeperIds(int *n);
 extern long SleepersNextMs(void);
+extern int	SleeperCount(void);
 
 /* store.c */
 extern void StoreInit(void);

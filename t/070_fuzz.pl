@@ -870,7 +870,7 @@ $GEN{read} = sub {
 				chance(0.2) ? 'thread => ' . lit(pick('th1', wstr())) : undef,
 				chance(0.3) ? 'error_like => ' . lit(pick('%', '%boom%', '\\', 'a\\', '%%%%', wstr())) : undef,
 				chance(0.3) ? "before => $id" : undef,
-				chance(0.4) ? '"limit" => ' . pick('0', '-1', '1', 'NULL', '2147483647', '100') : undef))) . ')' => 4);
+				chance(0.4) ? 'page_size => ' . pick('0', '-1', '1', 'NULL', '2147483647', '100') : undef))) . ')' => 4);
 	return [ 'read', chance(0.15), $sql ];
 };
 $GEN{outside} = sub {

@@ -353,6 +353,12 @@ is(scalar @dup_k, 0, 'no new k flow id was handed out by the old primary (lost f
   or diag "repeated: @dup_k[0 .. ($#dup_k < 9 ? $#dup_k : 9)]";
 is(scalar @dup_keys, 0, 'no new step key was handed out by the old primary (lost flows included)')
   or diag "repeated: @dup_keys[0 .. ($#dup_keys < 9 ? $#dup_keys : 9)]";
+# How it is done today: bits 40 to 47 hold the timeline less one, so the
+# old primary (timeline 1) gave small ids and the promoted one (timeline 2)
+# gives them with 1 there.
+is(scalar(grep { $_ >= 2**32 } keys %old_ids_g), 0, 'the old primary, never promoted, gave ids below 2^32');
+is(scalar(grep { (($_ >> 40) & 255) != 1 } @new_g, @new_k), 0,
+	'the promoted primary gives ids with epoch 1 (timeline 2) in bits 40 to 47');
 
 check_flows_exactly_once($standby, 'postgres', when => 'with the new flows');
 check_side($standby, 'with the new flows');

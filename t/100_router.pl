@@ -56,6 +56,10 @@ BEGIN
 	IF answer IS NULL THEN RETURN NULL; END IF;
 	RETURN jsonb_build_object('answer', answer);
 END $$;
+CREATE FUNCTION app.decline(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'declined' USING ERRCODE = '22023', HINT = 'Try another card.';
+END $$;
 });
 	push @shards, $shard;
 }
@@ -241,7 +245,8 @@ for my $i (0, 1)
 	is(r("SELECT status || ' ' || (state->>'count') || ' ' || (state->>'n') FROM dwarf.await($next, '60 s')"),
 		'completed 20 999', '... and runs the graph again from the final state');
 	r("SELECT dwarf.delete($next)");
-	is(r("SELECT count(*) FROM dwarf.snapshot($next)"), '0', "delete $where");
+	like(r_err("SELECT * FROM dwarf.snapshot($next)"), qr/42704: flow $next does not exist.*Raised by dwarf shard $i/s,
+		"delete $where: snapshot says the flow does not exist");
 	is($shards[$i]->safe_psql('postgres', "SELECT count(*) FROM dwarf.flow WHERE id = $next"), '0',
 		'... the flow is gone from its shard');
 }
@@ -271,6 +276,19 @@ for my $i (0, 1)
 	}
 }
 
+# Several flows at once, over both shards, and a failure's task and SQLSTATE.
+my @ten = @plain[0 .. 9];
+is(r('SELECT count(*) || \' \' || bool_and(a.flow_id = i.id AND a.status = \'completed\')'
+	  . ' FROM unnest(\'{' . join(',', @ten) . '}\'::bigint[]) WITH ORDINALITY i(id, n)'
+	  . ' JOIN dwarf.await_all(\'{' . join(',', @ten) . '}\', \'60 s\') WITH ORDINALITY a ON a.ordinality = i.n'),
+	'10 true', 'await_all through the router: one outcome per flow of either shard, in their order');
+my ($still0, $still1) = ($ask_on{0}[-1], $ask_on{1}[-1]);
+like(r("SELECT flow_id || ' ' || status FROM dwarf.await_any('{$still0,$still1}', '60 s')"),
+	qr/^($still0|$still1) (interrupted|completed|cancelled)$/, 'await_any through the router: one of the flows, closed or parked');
+is(r(q{SELECT dwarf.define('decline', '{"tasks": {"Pay": "app.decline"}}')}), '1', 'a graph that fails');
+is(r(q{SELECT status || ' ' || error_task || ' ' || error_sqlstate || ' ' || error_hint FROM dwarf.run('decline', '{}')}),
+	'failed Pay 22023 Try another card.', 'run through the router: the failure names its task, SQLSTATE and hint');
+
 like(r_err('SELECT * FROM dwarf.await(' . (5 << 48) . ')'),
 	qr/42704: flow \d+ does not exist\s+DETAIL:  Its id names dwarf shard 5/,
 	'await of a flow id naming a shard the router does not have: a clear error');
@@ -288,7 +306,7 @@ my (@paged, $before, $pages);
 while (1)
 {
 	my $page = r('SELECT string_agg(flow_id::text, \',\' ORDER BY flow_id DESC) FROM dwarf.list(before => '
-		  . ($before // 'NULL') . ', "limit" => 37)');
+		  . ($before // 'NULL') . ', page_size => 37)');
 	last if $page eq '';
 	my @rows = split /,/, $page;
 	push @paged, @rows;
@@ -297,7 +315,7 @@ while (1)
 }
 is(join(',', @paged), $all,
 	'list through the router, 37 at a time with the cursor, sees every flow of both shards once, by descending id');
-is(r("SELECT count(*) FROM dwarf.list(graph => 'ask', \"limit\" => 1000)"),
+is(r("SELECT count(*) FROM dwarf.list(graph => 'ask', page_size => 1000)"),
 	sum_shards("SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'ask'"),
 	'list filters on every shard');
 

@@ -136,7 +136,7 @@ BEGIN
 		PERFORM set_config('dwarf.retention', '1000 days', false);
 	END IF;
 	LOOP
-		r := dwarf.maintain(now() + CASE WHEN ahead THEN make_interval(days => least(i / 3, 60))
+		r := dwarf.maintain_at(now() + CASE WHEN ahead THEN make_interval(days => least(i / 3, 60))
 		                                 ELSE '0' END);
 		UPDATE passes p SET n = p.n + 1, moved = p.moved + (r->>'moved_flows')::bigint
 		 WHERE p.session = maintain_loop.session;

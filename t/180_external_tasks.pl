@@ -286,7 +286,9 @@ is(as('alice', q{SELECT count(*) FROM dwarf.step WHERE task = 'charge' AND statu
 my $readme = slurp_file("$FindBin::Bin/../README.md");
 $readme =~ /## Work outside the database(.*?)\n## /s or die 'no README section';
 my $section = $1;
-my ($sql_worker) = $section =~ /```sql\n(.*?)```/s;
+my ($sql_worker) = grep { /CREATE PROCEDURE shop\.summarize_worker/ } ($section =~ /```sql\n(.*?)```/sg);
+defined $sql_worker or die 'no SQL worker in the README';
+$sql_worker =~ s/^SELECT .*:id.*$//mg;    # the README's look at its own flow, by a psql variable
 my ($sh_worker)  = $section =~ /```sh\n(.*?)```/s;
 as('postgres', q{
 CREATE SCHEMA shop;
@@ -295,7 +297,7 @@ SELECT dwarf.define('summaries', '{"tasks": {"Summarize": {"external": "llm", "l
 SELECT count(dwarf.create('summaries', jsonb_build_object('text', 'text number ' || g)))
   FROM generate_series(1, 3) g;
 });
-$sql_worker =~ s/CALL shop.summarize_worker\(\);/CALL shop.summarize_worker(1);/ or die 'no CALL';
+$sql_worker =~ /CALL shop\.summarize_worker\(rounds => 1\);/ or die 'no CALL';
 as('postgres', $sql_worker);
 is(as('postgres', q{SELECT count(*) FROM shop.summaries}), '3', "the README's SQL worker wrote its rows");
 ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id

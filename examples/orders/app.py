@@ -80,9 +80,9 @@ def outbox_create(conn, customer, amount, flaky, commit=True):
 
 
 def flow_exists(conn, flow_id):
-    """Whether a flow is there: dwarf.snapshot of an unknown id returns no
-    row (or, where it raises the "does not exist" error dwarf.await raises,
-    that error)."""
+    """Whether a flow is there: dwarf.snapshot of an id one cannot see
+    raises "flow N does not exist" (42704), as every function that takes a
+    flow id does."""
     with conn.cursor() as cur:
         try:
             cur.execute("SELECT count(*) FROM dwarf.snapshot(%s)", (flow_id,))
@@ -129,24 +129,19 @@ def await_flow(conn, flow_id):
 def pending_approvals(conn, page=50):
     """The approval inbox: every flow of the graph parked on an interrupt,
     oldest first, with its interrupt payload.  dwarf.list pages by flow id
-    (newest first, "before" is the cursor); the payload comes from
-    dwarf.snapshot, one per flow."""
+    (newest first, "before" is the cursor) and returns the payload."""
     inbox = []
     before = None
     with conn.cursor() as cur:
         while True:
-            cur.execute('SELECT flow_id FROM dwarf.list(graph => %s, status => %s, before => %s, "limit" => %s)',
+            cur.execute("SELECT flow_id, interrupt_payload FROM dwarf.list(graph => %s, status => %s,"
+                        " before => %s, page_size => %s)",
                         (GRAPH, "interrupted", before, page))
-            ids = [r[0] for r in cur.fetchall()]
-            for flow_id in ids:
-                cur.execute("SELECT interrupt_payload FROM dwarf.snapshot(%s) WHERE status = 'interrupted'",
-                            (flow_id,))
-                row = cur.fetchone()
-                if row is not None:
-                    inbox.append((flow_id, row[0]))
-            if len(ids) < page:
+            rows = cur.fetchall()
+            inbox.extend(rows)
+            if len(rows) < page:
                 break
-            before = ids[-1]
+            before = rows[-1][0]
     inbox.reverse()
     return inbox
 
