@@ -5,13 +5,14 @@
 # prometheus-postgres-exporter and prometheus, installed by scripts/deps.sh).
 #
 #  1. 20 flows of graph "pay" complete and 5 fail; then they are purged from
-#     the live tables;
+#     the live tables; a flow of graph "refund" waits for dwarf.resume;
 #  2. prometheus-postgres-exporter, run with monitoring/postgres_exporter.yaml
 #     and connected as a pg_monitor member that owns no flow, exports
 #     dwarf_flows_completed_total{database="postgres",graph="pay"} 20 and
 #     failed 5 (counters, not live-table counts), every dwarf series with
 #     its database label, the flow and step duration histograms whose
-#     le="+Inf" bucket equals _count, and no query error;
+#     le="+Inf" bucket equals _count, the age of the waiting flow, a finite
+#     maintain age after a dwarf.maintain() pass, and no query error;
 #  3. every metric that monitoring/dashboard.json and monitoring/alerts.yml
 #     name is in that scrape, and every dashboard query names one;
 #  4. promtool check rules passes on monitoring/alerts.yml.
@@ -53,8 +54,11 @@ BEGIN
 	RETURN '{"charged": true}';
 END $$;
 CREATE FUNCTION app.ship(s jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"shipped": true}'::jsonb $$;
+CREATE FUNCTION app.ask(s jsonb) RETURNS jsonb LANGUAGE sql
+	AS $$ SELECT coalesce(dwarf.interrupt('{"question": "refund?"}'), '{}') $$;
 SELECT dwarf.define('pay', '{"tasks": {"charge": "app.charge", "ship": "app.ship"},
                              "transitions": [{"chain": ["charge", "ship", "END"]}]}');
+SELECT dwarf.define('refund', '{"tasks": {"ask": "app.ask"}}');
 CREATE ROLE dwarf_exporter LOGIN IN ROLE pg_monitor;
 });
 wait_for_workers($node, 'two workers run');
@@ -69,63 +73,15 @@ is( $node->safe_psql('postgres',
 		   FROM (SELECT status, count(*) n FROM dwarf.flow GROUP BY status) s"),
 	'completed=20 failed=5', '20 flows completed and 5 failed');
 
-# STAND-IN (to go when dwarf's statistics land): the views of the stats work,
-# made from a snapshot of the live tables taken before the purge.
-$node->safe_psql('postgres', q{
-CREATE TABLE public.standin_flow AS
-	SELECT g.name AS graph, f.status, f.created_at, f.finished_at
-	  FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id;
-CREATE TABLE public.standin_step AS
-	SELECT g.name AS graph, s.task, s.status, s.started_at, s.finished_at
-	  FROM dwarf.step s JOIN dwarf.flow f ON f.id = s.flow_id JOIN dwarf.graph g ON g.id = f.graph_id;
-CREATE VIEW dwarf.graph_stats AS
-	SELECT f.graph, count(*) AS flows_created,
-		   count(*) FILTER (WHERE f.status = 'completed') AS flows_completed,
-		   count(*) FILTER (WHERE f.status = 'failed') AS flows_failed,
-		   count(*) FILTER (WHERE f.status = 'cancelled') AS flows_cancelled,
-		   (SELECT count(*) FROM public.standin_step s WHERE s.graph = f.graph) AS steps_run,
-		   (SELECT count(*) FROM public.standin_step s WHERE s.graph = f.graph AND s.status = 'failed') AS steps_failed,
-		   0::bigint AS steps_retried,
-		   sum(extract(epoch FROM f.finished_at - f.created_at))::float8 AS flow_seconds_sum,
-		   count(*) AS flow_seconds_count,
-		   0.1::float8 AS flow_p50_s, 0.2::float8 AS flow_p95_s, 0.3::float8 AS flow_p99_s,
-		   1.0::float8 AS step_seconds_sum, 0::bigint AS step_seconds_count,
-		   0.1::float8 AS step_p50_s, 0.2::float8 AS step_p95_s, 0.3::float8 AS step_p99_s,
-		   now() AS stats_reset
-	  FROM public.standin_flow f GROUP BY f.graph;
-CREATE VIEW dwarf.task_stats AS
-	SELECT graph, task, count(*) AS steps_run, count(*) FILTER (WHERE status = 'failed') AS steps_failed,
-		   0::bigint AS steps_retried,
-		   sum(extract(epoch FROM finished_at - started_at))::float8 AS step_seconds_sum,
-		   count(*) AS step_seconds_count,
-		   0.1::float8 AS step_p50_s, 0.2::float8 AS step_p95_s, 0.3::float8 AS step_p99_s
-	  FROM public.standin_step GROUP BY graph, task;
-CREATE FUNCTION dwarf.stats_histogram()
-	RETURNS TABLE (graph text, task text, kind text, le float8, count bigint) LANGUAGE sql AS $$
-	SELECT f.graph, NULL, 'flow', b.le,
-		   count(*) FILTER (WHERE extract(epoch FROM f.finished_at - f.created_at) <= b.le)
-	  FROM public.standin_flow f,
-		   unnest(ARRAY[0.01, 0.1, 1, 10, 'Infinity']::float8[]) b(le)
-	 GROUP BY f.graph, b.le
-	UNION ALL
-	SELECT s.graph, s.task, 'step', b.le,
-		   count(*) FILTER (WHERE extract(epoch FROM s.finished_at - s.started_at) <= b.le)
-	  FROM public.standin_step s,
-		   unnest(ARRAY[0.01, 0.1, 1, 10, 'Infinity']::float8[]) b(le)
-	 GROUP BY s.graph, s.task, b.le
-	ORDER BY 1, 2, 3, 4 $$;
-CREATE VIEW dwarf.health AS
-	SELECT 'pay'::text AS graph, 0::float8 AS oldest_running_s, NULL::float8 AS oldest_interrupted_s,
-		   0::bigint AS ready_backlog, 0::bigint AS timers_due, 0 AS runners_busy, 8 AS runners_max,
-		   0::bigint AS poison_steps, (SELECT max(started_at) FROM dwarf.maintain_log) AS last_maintain;
-GRANT USAGE ON SCHEMA dwarf TO pg_monitor;
-GRANT SELECT ON dwarf.graph_stats, dwarf.task_stats, dwarf.health, public.standin_flow,
-	public.standin_step TO pg_monitor;
-});
-
 is($node->safe_psql('postgres', q{SELECT dwarf.purge(older_than => '0 s')}),
 	'25', 'dwarf.purge deletes the 25 closed flows');
 $node->safe_psql('postgres', 'SELECT dwarf.maintain()');
+
+# A flow that waits for an approval: an interrupted flow of graph "refund".
+$node->safe_psql('postgres', q{SELECT dwarf.create('refund', '{}')});
+ok( $node->poll_query_until('postgres',
+		"SELECT count(*) FROM dwarf.flow WHERE status = 'interrupted'", '1'),
+	'a flow of graph refund waits for dwarf.resume');
 
 # 2. The exporter, on a free loopback port, connected as the pg_monitor member.
 my $port    = PostgreSQL::Test::Cluster::get_free_port();
@@ -227,12 +183,17 @@ for my $h ([ 'dwarf_flow_duration_seconds', %pay ],
 is(value_of('dwarf_flow_duration_seconds_count', %pay), 25,
 	'the flow histogram counts the 25 closed flows');
 
-my $age = value_of('dwarf_maintain_age_seconds', database => 'postgres');
+my $age = value_of('dwarf_health_maintain_age_seconds', database => 'postgres');
 ok(defined $age && $age ne '+Inf' && $age >= 0,
-	'dwarf_maintain_age_seconds is finite after a dwarf.maintain() pass (' . ($age // 'none') . ')');
-is(value_of('dwarf_runners_max', database => 'postgres'),
-	$node->safe_psql('postgres', 'SELECT max(runners_max) FROM dwarf.health'),
-	'dwarf_runners_max is the health view\'s runners_max');
+	'dwarf_health_maintain_age_seconds is finite after a dwarf.maintain() pass (' . ($age // 'none') . ')');
+is(value_of('dwarf_health_runners_max', database => 'postgres'),
+	$node->safe_psql('postgres', 'SELECT runners_max FROM dwarf.health WHERE graph IS NULL'),
+	'dwarf_health_runners_max is the health view\'s runners_max');
+my $waited = value_of('dwarf_graph_oldest_interrupted_seconds', database => 'postgres', graph => 'refund');
+ok(defined $waited && $waited > 0,
+	'dwarf_graph_oldest_interrupted_seconds{graph="refund"} shows the waiting flow (' . ($waited // 'none') . ')');
+is(value_of('dwarf_graph_oldest_interrupted_seconds', %pay), 0,
+	'and is 0 for graph pay, which has no open flow');
 
 my @unlabelled = grep { $_->[0] =~ /^dwarf_/ && ($_->[1]{database} // '') ne 'postgres' } @series;
 is(scalar @unlabelled, 0, 'every dwarf series has database="postgres"')
