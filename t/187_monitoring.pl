@@ -83,7 +83,9 @@ ok( $node->poll_query_until('postgres',
 		"SELECT count(*) FROM dwarf.flow WHERE status = 'interrupted'", '1'),
 	'a flow of graph refund waits for dwarf.resume');
 
-# 2. The exporter, on a free loopback port, connected as the pg_monitor member.
+# 2. The exporter, on a free loopback port, connected as the pg_monitor member,
+# with its own default metrics too (they need no more than pg_monitor): the
+# file must work beside them.
 my $port    = PostgreSQL::Test::Cluster::get_free_port();
 my $metrics = "http://127.0.0.1:$port/metrics";
 my $log     = "$PostgreSQL::Test::Utils::log_path/187_exporter.log";
@@ -94,9 +96,7 @@ my $log     = "$PostgreSQL::Test::Utils::log_path/187_exporter.log";
 		[
 			$exporter_bin,
 			"--web.listen-address=127.0.0.1:$port",
-			"--extend.query-path=$monitoring/postgres_exporter.yaml",
-			'--disable-default-metrics', '--disable-settings-metrics',
-			'--no-collector.database',   '--no-collector.bgwriter'
+			"--extend.query-path=$monitoring/postgres_exporter.yaml"
 		],
 		'<', \undef, '>&', $log);
 }
@@ -198,7 +198,8 @@ is(value_of('dwarf_graph_oldest_interrupted_seconds', %pay), 0,
 my @unlabelled = grep { $_->[0] =~ /^dwarf_/ && ($_->[1]{database} // '') ne 'postgres' } @series;
 is(scalar @unlabelled, 0, 'every dwarf series has database="postgres"')
   or diag join("\n", map { $_->[0] } @unlabelled);
-is(value_of('pg_exporter_last_scrape_error'), 0, 'no query of the file failed');
+is(value_of('pg_exporter_last_scrape_error'), 0, 'no query failed, of the file or the default ones');
+ok(defined value_of('pg_up'), 'the default metrics are there too');
 is(value_of('pg_exporter_user_queries_load_error'), 0, 'the exporter loaded the file');
 unlike(slurp_file($log), qr/level=error/, 'the exporter logged no error')
   or diag slurp_file($log);
