@@ -64,4 +64,11 @@ if [[ -d /etc/postgresql/${PG_MAJOR}/main ]]; then
 	log "default cluster ${PG_MAJOR}/main stopped and set to manual start"
 fi
 
+# prometheus and prometheus-postgres-exporter come for their programs only
+# (t/187 runs its own exporter and promtool): where systemd started their
+# services, stop them and keep them from starting at boot.
+if [[ -d /run/systemd/system ]]; then
+	systemctl disable --now prometheus prometheus-postgres-exporter >/dev/null 2>&1 || true
+fi
+
 log "ok: $version ($PG_BIN)"
