@@ -422,7 +422,24 @@ dwarf_check_flow(PG_FUNCTION_ARGS)
 
 /* ---------- flow rows ---------- */
 
+/*
+ * A flow's row, inserted with ON CONFLICT on the idempotency key only when
+ * there is a key: without one no conflict is possible, and a speculative
+ * insertion would cost a WAL record a flow (its confirmation), a token lock
+ * and an arbiter check for nothing.
+ */
+#define INSERT_FLOW_SQL \
+	"INSERT INTO dwarf.flow AS f (id, graph_id, owner, priority, idempotency_key, input," \
+	" fairness_key, fairness_weight, time_budget, delete_on_completion, baggage," \
+	" thread, start_task, parent_id, parent_key, root_id)" \
+	" VALUES ($1, $2, $3::regrole, $4, $5, $6, $7->>'fairness_key'," \
+	" coalesce(($7->>'fairness_weight')::int, 1), ($7->>'time_budget')::interval," \
+	" coalesce(($7->>'delete_on_completion')::boolean, false), $7->'baggage'," \
+	" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key'," \
+	" ($7->>'root_id')::bigint)"
+
 static SPIPlanPtr InsertFlowPlan = NULL;
+static SPIPlanPtr InsertKeylessFlowPlan = NULL;
 static SPIPlanPtr FindKeyPlan = NULL;
 static SPIPlanPtr FindArchivedKeyPlan = NULL;
 static SPIPlanPtr UndoInsertPlan = NULL;
@@ -465,16 +482,11 @@ InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 		Oid			keytypes[2] = {OIDOID, TEXTOID};
 
 		InsertFlowPlan = PrepareKept(
-			"INSERT INTO dwarf.flow AS f (id, graph_id, owner, priority, idempotency_key, input,"
-			" fairness_key, fairness_weight, time_budget, delete_on_completion, baggage,"
-			" thread, start_task, parent_id, parent_key, root_id)"
-			" VALUES ($1, $2, $3::regrole, $4, $5, $6, $7->>'fairness_key',"
-			" coalesce(($7->>'fairness_weight')::int, 1), ($7->>'time_budget')::interval,"
-			" coalesce(($7->>'delete_on_completion')::boolean, false), $7->'baggage',"
-			" $7->>'thread', $7->>'start_task', ($7->>'parent_id')::bigint, $7->>'parent_key',"
-			" ($7->>'root_id')::bigint)"
+			INSERT_FLOW_SQL
 			" ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 			" RETURNING " FLOW_ROW_COLUMNS, 7, types);
+		InsertKeylessFlowPlan = PrepareKept(
+			INSERT_FLOW_SQL " RETURNING " FLOW_ROW_COLUMNS, 7, types);
 		FindKeyPlan = PrepareKept(
 			"SELECT id FROM dwarf.flow_all WHERE owner = $1::regrole AND idempotency_key = $2",
 			2, keytypes);
@@ -495,7 +507,8 @@ InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 	args[5] = JsonbPGetDatum(input);
 	args[6] = JsonbPGetDatum(options ? options : JsonbEmptyObject());
 
-	if (SPI_execute_plan(InsertFlowPlan, args, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
+	if (SPI_execute_plan(key ? InsertFlowPlan : InsertKeylessFlowPlan, args, nulls, false, 0)
+		!= SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "dwarf: could not insert a flow");
 	*is_new = SPI_processed == 1;
 	id = flow_id;
