@@ -123,15 +123,17 @@ Loads(void)
 }
 
 /*
- * A library of $libdir that keeps nothing per session: plpgsql (its state
- * is per function), dwarf itself, the encoding conversions and the
- * snowball dictionaries PostgreSQL loads on its own.
+ * A library of $libdir that keeps nothing of a role's per session: plpgsql
+ * (its state is per function), dwarf itself, and what PostgreSQL loads on
+ * its own: the encoding conversions, the snowball dictionaries, and the JIT
+ * provider (a query of the worker's own may pass jit_above_cost).
  */
 static bool
 KeepsNoSessionState(const char *name)
 {
 	return strcmp(name, "plpgsql.so") == 0 || strcmp(name, "dwarf.so") == 0 ||
-		strstr(name, "_and_") != NULL || strcmp(name, "dict_snowball.so") == 0;
+		strstr(name, "_and_") != NULL || strcmp(name, "dict_snowball.so") == 0 ||
+		strncmp(name, "llvmjit", 7) == 0;
 }
 
 /* dl_iterate_phdr callback: the first $libdir library not seen before, into *arg. */

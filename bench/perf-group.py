@@ -4,7 +4,7 @@
 # functions are on its stack.  Static functions of postgres have no symbol:
 # as leaves they are named by their first named caller.
 #   perf script -i perf.data -F comm,pid,ip,sym,dso > p.script
-#   python3 issue25-perf-group.py p.script [--leaf] [--below FUNC GROUP|'*'] [--callers FUNC]
+#   python3 bench/perf-group.py p.script [--leaf] [--below FUNC GROUP|'*'] [--callers FUNC]
 import sys, re, collections
 samples = []
 cur = None

@@ -4,7 +4,7 @@
 # ten-step no-op flows of bench_linear_10 created in one statement), then
 # for dwarf.maintain() archiving them (archive_after = 0), the VACUUM that
 # follows, and a second burst into the emptied tables.
-#   bench/results/issue25-wal.sh PREFIX TREE   (as root; PREFIX: a relocated PostgreSQL 15 with
+#   bench/wal-breakdown.sh PREFIX TREE   (as root; PREFIX: a relocated PostgreSQL 15 with
 #   TREE's dwarf installed, as for isolation-compare.sh; TREE: the built source)
 # SETUP_SQL, when set, runs after CREATE EXTENSION (an experiment: ALTER TABLE ...).
 # Uses pg_walinspect (contrib, PostgreSQL 15) between LSNs taken before and
