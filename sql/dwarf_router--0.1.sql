@@ -1517,7 +1517,8 @@ COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 
 /*
  * Calls that act on the step being run make no sense on a router: steps run
- * on the shards.  They exist here only to say so.
+ * on the shards.  They exist here only to say so, each raising the error in
+ * its own frame (see dwarf_router.error).
  */
 CREATE FUNCTION dwarf_router.inside_task_only(fn text) RETURNS dwarf_router.error
 	LANGUAGE sql IMMUTABLE
