@@ -61,7 +61,7 @@ stop_all() {
 	for n in shard0 shard1 router; do
 		[[ -f $DIR/$n/postmaster.pid ]] && pg_ctl -D "$DIR/$n" stop -m fast -w >/dev/null 2>&1
 	done
-	if [[ ${KEEP:-0} != 1 ]]; then rm -rf "${DIR:?}"/{shard0,shard1,router,*.log,*.sql}; fi
+	if [[ ${KEEP:-0} != 1 ]]; then rm -rf "${DIR:?}"/{shard0,shard1,router,*.log,*.sql,*.out,lat-*}; fi
 }
 trap stop_all EXIT
 
