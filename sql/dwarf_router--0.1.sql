@@ -163,22 +163,17 @@ COMMENT ON FUNCTION dwarf_router.partition_for_create(text, text) IS
  * Errors.
  */
 
-/* RAISE with options that may be NULL (RAISE itself refuses a NULL option). */
-CREATE FUNCTION dwarf_router.raise(code text, message text, detail text, hint text) RETURNS void
-	LANGUAGE plpgsql
-	AS $$
-BEGIN
-	IF detail IS NULL AND hint IS NULL THEN
-		RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message;
-	ELSIF hint IS NULL THEN
-		RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail;
-	ELSIF detail IS NULL THEN
-		RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, HINT = hint;
-	ELSE
-		RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail, HINT = hint;
-	END IF;
-END
-$$;
+/*
+ * An error as the API raises it.  Each dwarf.* function catches what its
+ * calls raise, has dwarf_router.shard_error say what to raise instead, and
+ * raises that itself, from its own frame: PL/pgSQL adds a CONTEXT line for
+ * every PL/pgSQL frame on the stack where an error is raised (and RAISE;
+ * keeps the lines of the first raise), so an error raised anywhere deeper
+ * would show the router's internals.  Raised there, it shows one line, the
+ * function called, which no SQL can hide.  The four forms of that RAISE in
+ * each function are because RAISE refuses a NULL option.
+ */
+CREATE TYPE dwarf_router.error AS (code text, message text, detail text, hint text);
 
 /* A PL/Proxy error that means the request never reached the shard. */
 CREATE FUNCTION dwarf_router.never_sent(message text) RETURNS boolean
@@ -212,17 +207,17 @@ $$;
 
 /*
  * Called from an exception handler around PL/Proxy calls to partitions parts
- * (NULL: to all), with the caught error's fields.  An error a shard raised
- * is raised again as the shard raised it (code, message, detail, hint, less
- * PL/Proxy's "REMOTE ERROR" and "Remote hint:" prefixes), the shard named in
- * the detail, so that the router answers as one server would.  A shard that
- * could not be reached, or that broke off, becomes an error (08006) naming
- * it.  Anything else (a cancel, a timeout, the router's own error) returns,
- * for the caller to re-raise unchanged.
+ * (NULL: to all), with the caught error's fields: the error to raise in its
+ * place.  An error a shard raised is returned as the shard raised it (code,
+ * message, detail, hint, less PL/Proxy's "REMOTE ERROR" and "Remote hint:"
+ * prefixes), the shard named in the detail, so that the router answers as
+ * one server would.  A shard that could not be reached, or that broke off,
+ * becomes an error (08006) naming it.  Anything else (the router's own
+ * error, or one already turned) is returned as it is.
  */
 CREATE FUNCTION dwarf_router.shard_error(parts int[], code text, message text,
 										 detail text, hint text, retry_hint text DEFAULT NULL)
-	RETURNS void
+	RETURNS dwarf_router.error
 	LANGUAGE plpgsql
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -254,14 +249,13 @@ BEGIN
 				   'other shards go on working.',
 				   CASE WHEN cardinality(down) > 0 THEN 'partition p' || array_to_string(down, ', p')
 						ELSE 'each partition' END));
-	ELSE
-		RETURN;
 	END IF;
-	PERFORM dwarf_router.raise(code, message, detail, hint);
+	RETURN (code, message, detail, hint)::dwarf_router.error;
 END
 $$;
 COMMENT ON FUNCTION dwarf_router.shard_error(int[], text, text, text, text, text) IS
-	'Raises a shard''s error as the shard raised it, or "dwarf shard N is unreachable"; returns on any other error';
+	'The error to raise for one caught: a shard''s error as the shard raised it, "dwarf shard N is unreachable", '
+	'or any other as it is';
 
 /*
  * The PL/Proxy calls.  Each sends one query to partition "part" (or to all
@@ -520,6 +514,29 @@ CREATE FUNCTION dwarf_router.maintain_on_all(dry_run boolean)
 $$;
 
 /*
+ * A shard's error leaves its PL/Proxy connection in the middle of a query
+ * (PL/Proxy raises the error before reading the end of the result), so the
+ * next call to that shard drops the connection and opens another, with a
+ * NOTICE "PL/Proxy: dropping stale conn".  The reconnection is PL/Proxy's
+ * and harmless (a few milliseconds, after errors only); the notice would
+ * follow every error through the router into the application's log, so the
+ * PL/Proxy calls run with client_min_messages = warning.  The shards' dwarf
+ * raises no notices to its callers, so none is lost; PL/Proxy's warnings
+ * (such as "detected unstable connection", after a shard restarted) still
+ * show.
+ */
+DO $$
+DECLARE
+	f regprocedure;
+BEGIN
+	FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+			  WHERE l.lanname = 'plproxy' AND p.pronamespace = 'dwarf_router'::regnamespace LOOP
+		EXECUTE format('ALTER FUNCTION %s SET client_min_messages = warning', f);
+	END LOOP;
+END
+$$;
+
+/*
  * The API, as on a shard.  Each function picks its partition, makes the
  * PL/Proxy call and turns a shard's error into one that names the shard.
  * Unlike on a shard, every call commits on its shard by itself (PL/Proxy
@@ -541,27 +558,36 @@ CREATE FUNCTION dwarf.create(graph text, input jsonb DEFAULT '{}',
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_for_create(idempotency_key, thread);
+	part int;
 	tried int[] := '{}';
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_for_create(idempotency_key, thread);
 	LOOP
 		BEGIN
 			RETURN dwarf_router.create_on(part, graph, input, priority, idempotency_key, fairness_key,
 										  fairness_weight, time_budget, delete_on_completion,
 										  baggage, thread);
 		EXCEPTION WHEN OTHERS THEN
-			GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
 			tried := tried || part;
 			part := dwarf_router.failover(tried, idempotency_key, SQLERRM);
 			IF part IS NULL THEN
-				PERFORM dwarf_router.shard_error(tried, SQLSTATE, SQLERRM, e_detail, e_hint,
-												 dwarf_router.create_hint(idempotency_key, SQLERRM));
 				RAISE;
 			END IF;
 		END;
 	END LOOP;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
+	e := dwarf_router.shard_error(tried, SQLSTATE, SQLERRM, e_detail, e_hint,
+								  dwarf_router.create_hint(idempotency_key, SQLERRM));
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.create(text, jsonb, int, text, text, int, interval, boolean, jsonb, text) IS
@@ -583,12 +609,14 @@ CREATE FUNCTION dwarf.run(graph text, input jsonb DEFAULT '{}',
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_for_create(idempotency_key, thread);
+	part int;
 	tried int[] := '{}';
 	result dwarf.outcome;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_for_create(idempotency_key, thread);
 	LOOP
 		BEGIN
 			SELECT * INTO result
@@ -597,16 +625,23 @@ BEGIN
 									   delete_on_completion, baggage, thread);
 			RETURN result;
 		EXCEPTION WHEN OTHERS THEN
-			GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
 			tried := tried || part;
 			part := dwarf_router.failover(tried, idempotency_key, SQLERRM);
 			IF part IS NULL THEN
-				PERFORM dwarf_router.shard_error(tried, SQLSTATE, SQLERRM, e_detail, e_hint,
-												 dwarf_router.create_hint(idempotency_key, SQLERRM));
 				RAISE;
 			END IF;
 		END;
 	END LOOP;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
+	e := dwarf_router.shard_error(tried, SQLSTATE, SQLERRM, e_detail, e_hint,
+								  dwarf_router.create_hint(idempotency_key, SQLERRM));
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.run(text, jsonb, interval, int, text, text, int, interval, boolean, jsonb, text) IS
@@ -656,17 +691,24 @@ CREATE FUNCTION dwarf.await(flow_id bigint, timeout interval DEFAULT '30 s')
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow_id);
+	part int;
 	result dwarf.outcome;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow_id);
 	SELECT * INTO result FROM dwarf_router.await_on(part, flow_id, timeout);
 	RETURN result;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.await(bigint, interval) IS
@@ -686,6 +728,9 @@ CREATE FUNCTION dwarf.await_all(flow_ids bigint[], timeout interval DEFAULT '30 
 DECLARE
 	deadline timestamptz := clock_timestamp() + timeout;
 	id bigint;
+	e_detail text;
+	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	IF flow_ids IS NULL OR timeout IS NULL THEN
 		RAISE EXCEPTION 'flow_ids and timeout of dwarf.await_all must not be NULL'
@@ -694,6 +739,15 @@ BEGIN
 	FOREACH id IN ARRAY flow_ids LOOP
 		RETURN NEXT dwarf.await(id, greatest(deadline - clock_timestamp(), '0'));
 	END LOOP;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
+	e := dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.await_all(bigint[], interval) IS
@@ -707,12 +761,14 @@ CREATE FUNCTION dwarf.await_any(flow_ids bigint[], timeout interval DEFAULT '30 
 	AS $$
 DECLARE
 	deadline timestamptz := clock_timestamp() + timeout;
-	parts int[] := ARRAY(SELECT DISTINCT dwarf_router.partition_of(i) FROM unnest(flow_ids) i ORDER BY 1);
+	parts int[];
 	part int;
 	result dwarf.outcome;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	parts := ARRAY(SELECT DISTINCT dwarf_router.partition_of(i) FROM unnest(flow_ids) i ORDER BY 1);
 	IF cardinality(parts) = 1 THEN
 		SELECT * INTO result FROM dwarf_router.await_any_on(parts[1], flow_ids, timeout);
 		RETURN result;
@@ -733,8 +789,13 @@ BEGIN
 	END LOOP;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(parts, SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(parts, SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.await_any(bigint[], interval) IS
@@ -744,7 +805,14 @@ COMMENT ON FUNCTION dwarf.await_any(bigint[], interval) IS
 /*
  * snapshot, step and list return columns named as some of their arguments,
  * which PL/pgSQL cannot compile: for them dwarf.* is a SQL function over a
- * PL/pgSQL one in dwarf_router with other argument names.
+ * PL/pgSQL one in dwarf_router with other argument names.  The SQL function
+ * is inlined into the query that calls it in FROM (it is neither STRICT nor
+ * has SET options), so the PL/pgSQL one is the outermost frame, and raises
+ * the errors (see dwarf_router.error).  Its search_path names its own
+ * schema so that the CONTEXT line of its errors says "snapshot(bigint)", as
+ * called, not "dwarf_router.snapshot(bigint)": PL/pgSQL qualifies the name
+ * only when the function is not on the search_path it was compiled under.
+ * history, state_at and stats are built the same way.
  */
 CREATE FUNCTION dwarf_router.snapshot(flow bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
@@ -753,18 +821,25 @@ CREATE FUNCTION dwarf_router.snapshot(flow bigint)
 				   created_at timestamptz, finished_at timestamptz,
 				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plpgsql STABLE STRICT
-	SET search_path = pg_catalog, pg_temp
+	SET search_path = pg_catalog, dwarf_router, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow);
 	RETURN QUERY SELECT * FROM dwarf_router.snapshot_on(part, flow);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 
@@ -774,7 +849,7 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 				   cancel_reason text, steps bigint,
 				   created_at timestamptz, finished_at timestamptz,
 				   error_task text, error_sqlstate text, error_detail text, error_hint text)
-	LANGUAGE sql STABLE STRICT
+	LANGUAGE sql STABLE
 	AS $$ SELECT * FROM dwarf_router.snapshot($1) $$;
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
 	'A flow''s status and state now, from its shard';
@@ -786,13 +861,15 @@ CREATE FUNCTION dwarf_router.history(flow bigint, task_name text)
 				   error text, changes jsonb,
 				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plpgsql STABLE
-	SET search_path = pg_catalog, pg_temp
+	SET search_path = pg_catalog, dwarf_router, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow);
 	RETURN QUERY
 		SELECT h.step_id, h.task, h.status, h.attempt,
 			   h.started_at, h.finished_at, h.error, h.changes,
@@ -801,8 +878,13 @@ BEGIN
 		 ORDER BY h.step_id;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 
@@ -811,8 +893,8 @@ CREATE FUNCTION dwarf.history(flow_id bigint)
 				   started_at timestamptz, finished_at timestamptz,
 				   error text, changes jsonb,
 				   error_sqlstate text, error_detail text, error_hint text)
-	LANGUAGE sql STABLE STRICT
-	AS $$ SELECT * FROM dwarf_router.history($1, NULL) $$;
+	LANGUAGE sql STABLE
+	AS $$ SELECT * FROM dwarf_router.history($1, NULL) WHERE $1 IS NOT NULL $$;
 COMMENT ON FUNCTION dwarf.history(bigint) IS
 	'One row per step of a flow, in execution order, from its shard; the step ids carry the shard (see dwarf.fork)';
 
@@ -821,26 +903,33 @@ CREATE FUNCTION dwarf.step(flow_id bigint, task text)
 				   started_at timestamptz, finished_at timestamptz,
 				   error text, changes jsonb,
 				   error_sqlstate text, error_detail text, error_hint text)
-	LANGUAGE sql STABLE STRICT
-	AS $$ SELECT * FROM dwarf_router.history($1, $2) $$;
+	LANGUAGE sql STABLE
+	AS $$ SELECT * FROM dwarf_router.history($1, $2) WHERE $1 IS NOT NULL AND $2 IS NOT NULL $$;
 COMMENT ON FUNCTION dwarf.step(bigint, text) IS
 	'The steps that ran one task of a flow, in order, from its shard';
 
 /* state_at and replay_state: before_step is a router step id (or a shard's own: the flow names the shard). */
 CREATE FUNCTION dwarf_router.state_at(flow bigint, before_step bigint, replay boolean) RETURNS jsonb
 	LANGUAGE plpgsql STABLE
-	SET search_path = pg_catalog, pg_temp
+	SET search_path = pg_catalog, dwarf_router, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow);
 	RETURN dwarf_router.state_at_on(part, flow, before_step, replay);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 
@@ -861,15 +950,22 @@ CREATE FUNCTION dwarf.cancel(flow_id bigint, reason text DEFAULT NULL) RETURNS b
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow_id);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow_id);
 	RETURN dwarf_router.cancel_on(part, flow_id, reason);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.cancel(bigint, text) IS
@@ -880,15 +976,22 @@ CREATE FUNCTION dwarf.resume(flow_id bigint, data jsonb DEFAULT 'null') RETURNS 
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow_id);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow_id);
 	PERFORM dwarf_router.resume_on(part, flow_id, data);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.resume(bigint, jsonb) IS
@@ -899,15 +1002,22 @@ CREATE FUNCTION dwarf.fork(step_id bigint, overrides jsonb DEFAULT '{}') RETURNS
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of_step(step_id);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of_step(step_id);
 	RETURN dwarf_router.fork_on(part, step_id, overrides);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.fork(bigint, jsonb) IS
@@ -918,15 +1028,22 @@ CREATE FUNCTION dwarf.continue(flow_id bigint, input jsonb DEFAULT '{}') RETURNS
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow_id);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow_id);
 	RETURN dwarf_router.continue_on(part, flow_id, input);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.continue(bigint, jsonb) IS
@@ -937,15 +1054,22 @@ CREATE FUNCTION dwarf.delete(flow_id bigint) RETURNS void
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow_id);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow_id);
 	PERFORM dwarf_router.delete_on(part, flow_id);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.delete(bigint) IS
@@ -956,15 +1080,22 @@ CREATE FUNCTION dwarf.history_mermaid(flow_id bigint) RETURNS text
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := dwarf_router.partition_of(flow_id);
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := dwarf_router.partition_of(flow_id);
 	RETURN dwarf_router.history_mermaid_on(part, flow_id);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.history_mermaid(bigint) IS
@@ -976,15 +1107,22 @@ CREATE FUNCTION dwarf.fold_changes(input jsonb, changes jsonb[], reducers jsonb)
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	part int := floor(random() * dwarf_router.partitions())::int;
+	part int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	part := floor(random() * dwarf_router.partitions())::int;
 	RETURN dwarf_router.fold_changes_on(part, input, changes, reducers);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.fold_changes(jsonb, jsonb[], jsonb) IS
@@ -1009,6 +1147,7 @@ DECLARE
 	first jsonb;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	/* Every shard checks it: a task's function must exist on each of them. */
 	FOR p IN 0 .. dwarf_router.partitions() - 1 LOOP
@@ -1026,8 +1165,13 @@ BEGIN
 	RETURN first;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.validate(jsonb) IS
@@ -1056,6 +1200,7 @@ DECLARE
 	v record;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	copied := 0;
 	FOR p IN 0 .. n - 1 LOOP
@@ -1107,8 +1252,13 @@ BEGIN
 	END LOOP;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf_router.level_graph(text) IS
@@ -1119,14 +1269,17 @@ CREATE FUNCTION dwarf.define(name text, definition jsonb) RETURNS int
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	/* Checked on every shard first, so that a bad definition changes none. */
-	normalized jsonb := dwarf.validate(definition);
-	level record := dwarf_router.level_graph(name);
+	normalized jsonb;
+	level record;
 	part int;
 	got int;
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
+	/* Checked on every shard first, so that a bad definition changes none. */
+	normalized := dwarf.validate(definition);
+	level := dwarf_router.level_graph(name);
 	/*
 	 * Some shards were behind: most likely this retries a define that failed
 	 * half way.  If the latest version is this very definition, it is now on
@@ -1149,12 +1302,17 @@ BEGIN
 	RETURN got;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint,
+	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint,
 		CASE WHEN part > 0 THEN
 			format('Shards 0 to %s have the new version already. Once shard %s is back, call '
 				   'dwarf.define again with the same definition: the shards behind catch up, '
 				   'and nothing is defined twice.', part - 1, part) END);
-	RAISE;
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.define(text, jsonb) IS
@@ -1172,11 +1330,12 @@ CREATE FUNCTION dwarf_router.list(graph_name text, flow_status text, since times
 				   finished_at timestamptz, interrupt_payload jsonb,
 				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE plpgsql STABLE
-	SET search_path = pg_catalog, pg_temp
+	SET search_path = pg_catalog, dwarf_router, pg_temp
 	AS $$
 DECLARE
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	/*
 	 * Each shard returns its first "lim" flows below the cursor; the first
@@ -1190,8 +1349,13 @@ BEGIN
 		 LIMIT lim;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 
@@ -1214,17 +1378,23 @@ CREATE FUNCTION dwarf_router.shard_stats()
 				   failed bigint, cancelled bigint, steps_done bigint, in_flight numeric,
 				   workers jsonb)
 	LANGUAGE plpgsql
-	SET search_path = pg_catalog, pg_temp
+	SET search_path = pg_catalog, dwarf_router, pg_temp
 	AS $$
 DECLARE
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	RETURN QUERY SELECT * FROM dwarf_router.stats_on_all() s ORDER BY s.shard;
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf_router.shard_stats() IS
@@ -1255,12 +1425,18 @@ CREATE FUNCTION dwarf.worker_stats()
 DECLARE
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	RETURN QUERY SELECT * FROM dwarf_router.worker_stats_on_all();
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.worker_stats() IS 'The counters of every shard''s dwarf workers';
@@ -1272,12 +1448,18 @@ CREATE FUNCTION dwarf.purge(older_than interval DEFAULT '30 days', all_roles boo
 DECLARE
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	RETURN (SELECT coalesce(sum(n), 0)::bigint FROM dwarf_router.purge_on_all(older_than, all_roles) n);
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.purge(interval, boolean) IS
@@ -1297,6 +1479,7 @@ CREATE FUNCTION dwarf.maintain(dry_run boolean DEFAULT false) RETURNS jsonb
 DECLARE
 	e_detail text;
 	e_hint text;
+	e dwarf_router.error;
 BEGIN
 	RETURN (
 		WITH r AS MATERIALIZED (SELECT * FROM dwarf_router.maintain_on_all(maintain.dry_run)),
@@ -1319,8 +1502,13 @@ BEGIN
 						 FROM r)));
 EXCEPTION WHEN OTHERS THEN
 	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	PERFORM dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
-	RAISE;
+	e := dwarf_router.shard_error(NULL, SQLSTATE, SQLERRM, e_detail, e_hint);
+	CASE
+		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
+		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
+		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
+		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	END CASE;
 END
 $$;
 COMMENT ON FUNCTION dwarf.maintain(boolean) IS
@@ -1329,37 +1517,75 @@ COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 
 /*
  * Calls that act on the step being run make no sense on a router: steps run
- * on the shards.  They exist here only to say so.
+ * on the shards.  They exist here only to say so, each raising the error in
+ * its own frame (see dwarf_router.error).
  */
-CREATE FUNCTION dwarf_router.inside_task_only(fn text) RETURNS void
-	LANGUAGE plpgsql
+CREATE FUNCTION dwarf_router.inside_task_only(fn text) RETURNS dwarf_router.error
+	LANGUAGE sql IMMUTABLE
 	AS $$
-BEGIN
-	RAISE EXCEPTION '% cannot be called on a dwarf router', fn
-		USING ERRCODE = 'feature_not_supported',
-			  DETAIL = 'It acts on the step being run, and steps run on the shards.',
-			  HINT = 'Call it inside a task function; tasks run on the shards, where dwarf is installed.';
-END
+	SELECT ROW('0A000', fn || ' cannot be called on a dwarf router',
+			   'It acts on the step being run, and steps run on the shards.',
+			   'Call it inside a task function; tasks run on the shards, where dwarf is installed.')::dwarf_router.error
 $$;
 
 CREATE FUNCTION dwarf.goto(task text) RETURNS void LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.goto'); END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.goto');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 CREATE FUNCTION dwarf.retry(initial interval DEFAULT '1 s', factor float8 DEFAULT 2,
 							max interval DEFAULT '5 min', give_up_after interval DEFAULT NULL)
 	RETURNS boolean LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.retry'); RETURN NULL; END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.retry');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 CREATE FUNCTION dwarf.sleep(duration interval) RETURNS void LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.sleep'); END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.sleep');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 CREATE FUNCTION dwarf.interrupt(payload jsonb DEFAULT NULL) RETURNS jsonb LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.interrupt'); RETURN NULL; END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.interrupt');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 CREATE FUNCTION dwarf.subgraph(graph text, input jsonb DEFAULT '{}') RETURNS jsonb LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.subgraph'); RETURN NULL; END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.subgraph');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 CREATE FUNCTION dwarf.step_key() RETURNS text LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.step_key'); RETURN NULL; END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.step_key');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 CREATE FUNCTION dwarf.baggage() RETURNS jsonb LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.baggage'); RETURN NULL; END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.baggage');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 CREATE FUNCTION dwarf.flow_id() RETURNS bigint LANGUAGE plpgsql
-	AS $$ BEGIN PERFORM dwarf_router.inside_task_only('dwarf.flow_id'); RETURN NULL; END $$;
+	AS $$
+DECLARE
+	e dwarf_router.error := dwarf_router.inside_task_only('dwarf.flow_id');
+BEGIN
+	RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+END $$;
 COMMENT ON FUNCTION dwarf.goto(text) IS 'Inside a task only: raises an error on a router';
 COMMENT ON FUNCTION dwarf.retry(interval, float8, interval, interval) IS 'Inside a task only: raises an error on a router';
 COMMENT ON FUNCTION dwarf.sleep(interval) IS 'Inside a task only: raises an error on a router';

@@ -297,6 +297,44 @@ like(r_err('SELECT dwarf.fork(' . ((5 << 48) + 12) . ')'), qr/step \d+ does not 
 like(r_err("SELECT dwarf.interrupt('{}')"), qr/0A000: dwarf\.interrupt cannot be called on a dwarf router/,
 	'a call that only makes sense inside a task says so on the router');
 
+# Errors through the router, as an application sees them (psql's default
+# VERBOSITY and SHOW_CONTEXT, as libpq's defaults show them): the shard's
+# message and hint, and for CONTEXT at most the one line of the dwarf
+# function called (its PL/pgSQL frame, which no SQL can hide: "dwarf.await",
+# or "snapshot" where dwarf.snapshot is SQL over a PL/pgSQL function of that
+# name), nothing of dwarf_router's internals; and the calls after an error
+# print no "PL/Proxy: dropping stale conn" notice.
+{
+	my ($ok0) = grep { ($_ >> 48) == 0 } @plain;
+	my ($ok1) = grep { ($_ >> 48) == 1 } @plain;
+	my ($none0, $none1) = (999_999_999, (1 << 48) + 999_999_999);
+	my @failing = (
+		"SELECT * FROM dwarf.await($none0)",
+		"SELECT * FROM dwarf.snapshot($none1)",
+		"SELECT * FROM dwarf.history($none0)",
+		"SELECT dwarf.resume($none1)",
+		"SELECT dwarf.create('no_such_graph')",
+		q{SELECT dwarf.validate('{"tasks": {"A": "app.missing"}}')},
+		'SELECT * FROM dwarf.await(' . (5 << 48) . ')',
+		"SELECT dwarf.interrupt('{}')");
+	my @working = map { ("SELECT status FROM dwarf.await($ok0)", "SELECT status FROM dwarf.await($ok1)") } 1 .. 3;
+	push @working, 'SELECT count(*) > 0 FROM dwarf.list()';
+	my ($rc, $out, $err) = $router->psql('postgres',
+		"\\set SHOW_CONTEXT errors\n" . join(";\n", (map { ($_, @working) } @failing), ''),
+		on_error_stop => 0);
+	$err =~ s/^psql:<stdin>:\d+: //mg;
+	is(scalar(() = $err =~ /^ERROR:  /mg), scalar @failing, 'each failing call through the router: one error')
+	  or diag $err;
+	is($out, join("\n", map { (('completed') x 6, 't') } @failing), '... and each working call its answer');
+	unlike($err, qr/dwarf_router/, 'no error names dwarf_router\'s internals');
+	is(join("\n", grep { !/^(ERROR|DETAIL|HINT):  / && !/^CONTEXT:  PL\/pgSQL function (dwarf\.)?"?\w+"?\([^)]*\) line \d+ at RAISE$/ }
+			split /\n/, $err),
+		'', 'CONTEXT: at most one line, the dwarf function called');
+	like($err, qr/^ERROR:  flow $none0 does not exist\nDETAIL:  \(Raised by dwarf shard 0\.\)\nHINT:  A role sees only its own flows[^\n]*\nCONTEXT:  PL\/pgSQL function dwarf\.await\(bigint,interval\) line \d+ at RAISE$/m,
+		'a shard\'s error through the router: its message and hint, the shard in the detail, one CONTEXT line');
+	unlike($err, qr/stale conn/, 'no "dropping stale conn" notice after errors');
+}
+
 # ---------------------------------------------------------------------------
 # Calls over all shards.
 
