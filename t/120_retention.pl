@@ -194,7 +194,7 @@ BEGIN
 			UPDATE created SET used = 'delete' WHERE id = fid;
 			deletes := deletes + 1;
 		WHEN 1 THEN
-			SELECT h.step_id INTO sid FROM (SELECT * FROM dwarf.history(fid) WHERE task = 'B') h;
+			SELECT h.step_id INTO sid FROM dwarf.history(fid) h WHERE h.task = 'B';
 			IF sid IS NULL THEN
 				RAISE EXCEPTION 'dwarf.history(%) has no step of B', fid;
 			END IF;
