@@ -513,8 +513,10 @@ attack_8() {
 		"$(verdict $ok)"
 }
 
-# 9. dwarf.fold_changes of 100,000 objects, from mallory's session
-# (statement_timeout 60 s).  If it still runs after alice's runs it is
+# 9. dwarf_internal.fold_changes of 100,000 objects (statement_timeout
+# 60 s).  Made from postgres's session: mallory can no longer name it (no
+# USAGE on dwarf_internal), and reaches the same fold only through
+# dwarf.state_at of her own flows.  If it still runs after alice's runs it is
 # cancelled (pg_cancel_backend, then pg_terminate_backend, 5 s each); one
 # that ignores both is stopped by restarting the server.  Target: alice's
 # runs, and a call that ends by itself or on the cancel.
@@ -524,8 +526,8 @@ attack_9() {
 	t0=$(now_ms)
 	(
 		ERR=$WORK/fold.err
-		QT=${FOLD_QT:-90} PGAPPNAME=attacks_fold q mallory "$DB" "SET statement_timeout = '60 s'" \
-			"SELECT length(dwarf.fold_changes('{}', (SELECT array_agg(jsonb_build_object('k' || g, g))
+		QT=${FOLD_QT:-90} PGAPPNAME=attacks_fold q postgres "$DB" "SET statement_timeout = '60 s'" \
+			"SELECT length(dwarf_internal.fold_changes('{}', (SELECT array_agg(jsonb_build_object('k' || g, g))
 			   FROM generate_series(1, 100000) g), '{}')::text)" >"$WORK/fold.out"
 		echo "exit $? after $(($(now_ms) - t0)) ms $(qerr)" >>"$WORK/fold.out"
 	) &

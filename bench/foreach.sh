@@ -2,10 +2,11 @@
 # foreach.sh BINDIR DIR N...: times a for_each of N items (one flow: Start ->
 # for_each Work -> Join fan-in -> END, reducers add and append) on a private
 # cluster in DIR made with the server binaries in BINDIR, and then
-# dwarf.fold_changes of 100,000 objects in a session.  Prints, per N, the
-# seconds from create to completion and the workers' peak RSS (VmHWM), and
-# for the fold its time and the backend's peak RSS.  Run as root: the server
-# runs as postgres.  TIMEOUT (seconds, default 300) ends a run that is too slow.
+# dwarf_internal.fold_changes of 100,000 objects in a session.  Prints,
+# per N, the seconds from create to completion and the workers' peak RSS
+# (VmHWM), and for the fold its time and the backend's peak RSS.  Run as
+# root: the server runs as postgres.  TIMEOUT (seconds, default 300) ends a
+# run that is too slow.
 set -euo pipefail
 BIN=$1; DIR=$2; shift 2
 TIMEOUT=${TIMEOUT:-300}
@@ -65,7 +66,7 @@ done
 out=$(psql <<'SQL'
 \timing on
 SELECT pg_backend_pid();
-SELECT length(dwarf.fold_changes('{}', (SELECT array_agg(jsonb_build_object('k' || i, i, 'results', i, 'total', i)) FROM generate_series(1, 100000) i), '{"results": "append", "total": "add"}')::text);
+SELECT length(dwarf_internal.fold_changes('{}', (SELECT array_agg(jsonb_build_object('k' || i, i, 'results', i, 'total', i)) FROM generate_series(1, 100000) i), '{"results": "append", "total": "add"}')::text);
 SELECT (SELECT value FROM regexp_matches(pg_read_file('/proc/' || pg_backend_pid() || '/status'), 'VmHWM:\s+(\d+)') AS m(value));
 SQL
 ) || true

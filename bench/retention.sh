@@ -301,12 +301,12 @@ history_latency() {			# label [PGOPTIONS]
 		}'
 }
 
-# the read dwarf.flow_steps() makes for an archived flow, with its plan
+# the read dwarf_internal.flow_steps() makes for an archived flow, with its plan
 explain_archived() {		# label
 	local id
 	id=$(head -1 "$WORK/ids-$1")
 	{
-		echo "== plan ($1) of the archive read in dwarf.flow_steps($id) (enable_seqscan off, as the function sets)"
+		echo "== plan ($1) of the archive read in dwarf_internal.flow_steps($id) (enable_seqscan off, as the function sets)"
 		q -c "SET enable_seqscan = off" -c "EXPLAIN (ANALYZE, BUFFERS) SELECT * FROM dwarf.step_archive s
 			WHERE s.flow_id = $id AND s.flow_finished_at = (SELECT f.finished_at FROM dwarf.flow_archive f WHERE f.id = $id)"
 		echo "== EXPLAIN ANALYZE SELECT * FROM dwarf.history($id) ($1)"

@@ -129,8 +129,8 @@ SELECT count(*) = count(DISTINCT step_id) AS distinct_ids,
   FROM dwarf.history(:s_id);
 SELECT array_agg(task ORDER BY step_id) = array_agg(task) AS ordered_by_step_id
   FROM dwarf.history(:s_id);
-SELECT task, status, attempt, changes FROM dwarf.step(:s_id, 'B');
-SELECT count(*) FROM dwarf.step(:s_id, 'Nope');
+SELECT task, status, attempt, changes FROM dwarf.history(:s_id) WHERE task = 'B';
+SELECT count(*) FROM dwarf.history(:s_id) WHERE task = 'Nope';
 SELECT count(*) FROM dwarf.snapshot(-1);
 SELECT count(*) FROM dwarf.history(-1);
 

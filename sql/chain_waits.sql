@@ -142,7 +142,7 @@ SELECT cw.runs(:retry_id) AS runs, cw.ordered(:retry_id) AS ordered,
 	   cw.commits(:retry_id) BETWEEN 2 AND 4 AS two_to_four_commits;
 -- the second attempt started no sooner than its backoff after the first
 SELECT b.started_at >= a.finished_at + interval '500 ms' AS waited_backoff
-  FROM dwarf.step(:retry_id, 'R') a JOIN dwarf.step(:retry_id, 'R') b ON b.attempt = a.attempt + 1;
+  FROM (SELECT * FROM dwarf.history(:retry_id) WHERE task = 'R') a JOIN (SELECT * FROM dwarf.history(:retry_id) WHERE task = 'R') b ON b.attempt = a.attempt + 1;
 
 ----------------------------------------------------------------------
 -- (b) a chain that reaches an interrupt

@@ -76,7 +76,7 @@ SELECT h.task, h.status FROM ch.runs r, LATERAL dwarf.history(r.flow_id) h
 INSERT INTO ch.runs SELECT 'nap', flow_id, status, state, error FROM dwarf.run('ch_nap', '{}');
 SELECT status, ch.commits(flow_id) >= 2 AS commits_after_the_sleep,
 	   (SELECT c.started_at >= b.finished_at + interval '300 ms'
-		  FROM dwarf.step(flow_id, 'B') b, dwarf.step(flow_id, 'C') c) AS woke_on_time
+		  FROM (SELECT * FROM dwarf.history(flow_id) WHERE task = 'B') b, (SELECT * FROM dwarf.history(flow_id) WHERE task = 'C') c) AS woke_on_time
   FROM ch.runs WHERE name = 'nap';
 
 -- Quick branches and their fan-in: one or two commits, one row per step.

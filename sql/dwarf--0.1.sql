@@ -2,6 +2,23 @@
 \echo Use "CREATE EXTENSION dwarf" to load this file. \quit
 
 /*
+ * dwarf_internal: the functions that dwarf's own functions, views and
+ * workers call, which are not for users (README's function table lists
+ * the API, all of it in schema dwarf).  No role but the extension's owner
+ * has USAGE on the schema, so no one else can name them.  EXECUTE on each
+ * is revoked from PUBLIC at the end of this script, and granted back only
+ * on those that a public function or view calls as its caller (PostgreSQL
+ * checks EXECUTE as the caller): those callers name them in SQL-standard
+ * bodies (BEGIN ATOMIC) or views, resolved when this script runs, so a
+ * call needs no USAGE on the schema.  C code that names one in a statement
+ * runs it as the extension's owner.
+ */
+CREATE SCHEMA dwarf_internal;
+REVOKE ALL ON SCHEMA dwarf_internal FROM PUBLIC;
+COMMENT ON SCHEMA dwarf_internal IS
+	'dwarf''s own helpers, called by its functions, views and workers: not an API, may change without notice';
+
+/*
  * Tables.  They are the truth: the workers keep each running flow in memory
  * only to go faster, and rebuild it from these rows after any restart.
  */
@@ -207,14 +224,14 @@ SELECT pg_catalog.pg_extension_config_dump('dwarf.incarnation', '');
  * dwarf.step with a statement: the workers append its rows without the
  * executor's triggers, so the trigger costs them nothing.
  */
-CREATE FUNCTION dwarf.restored() RETURNS trigger
+CREATE FUNCTION dwarf_internal.restored() RETURNS trigger
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', 'dwarf_restored';
-COMMENT ON FUNCTION dwarf.restored() IS
+COMMENT ON FUNCTION dwarf_internal.restored() IS
 	'Trigger of dwarf.step_restored: once the session ends, every dwarf worker of the database scans its tables '
 	'again and carries on the flows it finds';
 CREATE TRIGGER step_restored AFTER INSERT ON dwarf.step
-	FOR EACH STATEMENT EXECUTE FUNCTION dwarf.restored();
+	FOR EACH STATEMENT EXECUTE FUNCTION dwarf_internal.restored();
 COMMENT ON TRIGGER step_restored ON dwarf.step IS
 	'Fires for rows written with a statement, which only a restore (pg_restore, psql) does: '
 	'the workers take in the restored flows when its session ends';
@@ -225,9 +242,9 @@ COMMENT ON TRIGGER step_restored ON dwarf.step IS
  * dropped a whole day at a time once older than dwarf.retention.  Both are
  * partitioned by the day (UTC) the flow closed, so a step sits in the same
  * day as its flow and a day goes as one DROP, never as DELETEs.  The
- * partitions are made by dwarf.make_archive_day, each with indexes of its
- * own; nobody is granted them directly, so every read goes through these
- * parents and their row-level security.
+ * partitions are made by dwarf_internal.make_archive_day, each with
+ * indexes of its own; nobody is granted them directly, so every read goes
+ * through these parents and their row-level security.
  *
  * The parents have no partitioned indexes, so that pg_dump's output of a
  * day partition restores as it is: attached to a parent with partitioned
@@ -247,7 +264,7 @@ CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS,
 	PARTITION BY RANGE (flow_finished_at);
 COMMENT ON TABLE dwarf.step_archive IS
 	'The steps of the flows in dwarf.flow_archive, in the partition of the day their flow closed; '
-	'read a flow''s steps with dwarf.flow_steps(flow_id), which goes to that day only';
+	'read a flow''s steps with dwarf.history(flow_id), which goes to that day only';
 COMMENT ON COLUMN dwarf.step_archive.flow_finished_at IS
 	'When the step''s flow closed: the partition key, the same day as the flow''s row';
 
@@ -288,8 +305,10 @@ GRANT SELECT ON dwarf.flow_all, dwarf.step_all TO PUBLIC;
  * filling up say: no sequential scan, no parallel plan, no JIT.  The
  * function's statements share its caller's snapshot, so a flow that
  * dwarf.maintain moves meanwhile is found in one place or the other.
+ * dwarf.history is how a user reads them; this is what it, snapshot,
+ * state_at and replay_state read from.
  */
-CREATE FUNCTION dwarf.flow_steps(flow_id bigint) RETURNS SETOF dwarf.step
+CREATE FUNCTION dwarf_internal.flow_steps(flow_id bigint) RETURNS SETOF dwarf.step
 	LANGUAGE plpgsql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
 	SET enable_seqscan = off
@@ -311,7 +330,7 @@ BEGIN
 	END IF;
 END
 $$;
-COMMENT ON FUNCTION dwarf.flow_steps(bigint) IS
+COMMENT ON FUNCTION dwarf_internal.flow_steps(bigint) IS
 	'The steps of a flow (live or archived) the caller may see, in no particular order';
 
 /*
@@ -344,15 +363,15 @@ COMMENT ON TYPE dwarf.outcome IS
  * its message), NULL for any other flow.  A subquery of the readers below:
  * a CASE around it keeps it off every flow but a failed one.
  */
-CREATE FUNCTION dwarf.failed_step_error(flow_id bigint, error text) RETURNS jsonb
+CREATE FUNCTION dwarf_internal.failed_step_error(flow_id bigint, error text) RETURNS jsonb
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
-	AS $$
-	SELECT s.error FROM dwarf.flow_steps(failed_step_error.flow_id) s
+BEGIN ATOMIC
+	SELECT s.error FROM dwarf_internal.flow_steps(failed_step_error.flow_id) s
 	 WHERE s.status = 'failed' AND s.error ->> 'message' = failed_step_error.error
-	 ORDER BY s.step_id DESC LIMIT 1
-$$;
-COMMENT ON FUNCTION dwarf.failed_step_error(bigint, text) IS
+	 ORDER BY s.step_id DESC LIMIT 1;
+END;
+COMMENT ON FUNCTION dwarf_internal.failed_step_error(bigint, text) IS
 	'The error document ({message, sqlstate, detail, hint, task}) of the step whose error, error, failed the flow; '
 	'NULL when no step did';
 
@@ -365,7 +384,10 @@ COMMENT ON FUNCTION dwarf.check_flow(bigint) IS
 	'archived: "flow N does not exist" (SQLSTATE 42704), with a hint when the id names another shard or timeline';
 
 /*
- * Functions.
+ * Functions.  Those in SQL that call dwarf_internal's helpers have
+ * SQL-standard bodies (BEGIN ATOMIC), resolved when this script runs: a
+ * body in a string would be parsed at each caller's first call, as the
+ * caller, who has no USAGE on dwarf_internal.
  */
 
 CREATE FUNCTION dwarf.validate(definition jsonb) RETURNS jsonb
@@ -688,11 +710,11 @@ CREATE FUNCTION dwarf.flow_id() RETURNS bigint
 	AS 'MODULE_PATHNAME', 'dwarf_flow_id';
 COMMENT ON FUNCTION dwarf.flow_id() IS 'Inside a task: the id of the flow it runs for';
 
-CREATE FUNCTION dwarf.fold_changes(input jsonb, changes jsonb[], reducers jsonb)
+CREATE FUNCTION dwarf_internal.fold_changes(input jsonb, changes jsonb[], reducers jsonb)
 	RETURNS jsonb
 	LANGUAGE c IMMUTABLE
 	AS 'MODULE_PATHNAME', 'dwarf_fold_changes';
-COMMENT ON FUNCTION dwarf.fold_changes(jsonb, jsonb[], jsonb) IS
+COMMENT ON FUNCTION dwarf_internal.fold_changes(jsonb, jsonb[], jsonb) IS
 	'Merges step changes into a state in order, with the given per-field reducers';
 
 CREATE FUNCTION dwarf.replay_state(flow_id bigint, before_step bigint DEFAULT NULL)
@@ -701,25 +723,28 @@ CREATE FUNCTION dwarf.replay_state(flow_id bigint, before_step bigint DEFAULT NU
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_replay_state';
 COMMENT ON FUNCTION dwarf.replay_state(bigint, bigint) IS
-	'A flow''s state as its worker computes it, its steps replayed over its input: the final state, or its one live branch''s; NULL while several branches run';
+	'A flow''s state as its worker computes it, its steps replayed over its input: the final state, or its one live branch''s; NULL while several branches run. '
+	'An unknown flow is an error';
 
 CREATE FUNCTION dwarf.state_at(flow_id bigint, before_step bigint DEFAULT NULL)
 	RETURNS jsonb
 	LANGUAGE sql STABLE
 	SET search_path = pg_catalog, pg_temp
-	AS $$
+BEGIN ATOMIC
+	SELECT dwarf.check_flow(state_at.flow_id);
 	SELECT coalesce(dwarf.replay_state(state_at.flow_id, state_at.before_step),
-		   dwarf.fold_changes(f.input,
-			   ARRAY(SELECT s.changes FROM dwarf.flow_steps(f.id) s
+		   dwarf_internal.fold_changes(f.input,
+			   ARRAY(SELECT s.changes FROM dwarf_internal.flow_steps(f.id) s
 					  WHERE s.status IN ('completed', 'retry')
 						AND (state_at.before_step IS NULL OR s.step_id < state_at.before_step)
 					  ORDER BY s.step_id),
 			   g.definition -> 'reducers'))
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
-	 WHERE f.id = state_at.flow_id
-$$;
+	 WHERE f.id = state_at.flow_id;
+END;
 COMMENT ON FUNCTION dwarf.state_at(bigint, bigint) IS
-	'A flow''s state (those steps before before_step, when given), as the worker computes it; while several branches run, the input with every committed step''s changes folded in, in commit order';
+	'A flow''s state (those steps before before_step, when given), as the worker computes it; while several branches run, the input with every committed step''s changes folded in, in commit order. '
+	'An unknown flow is an error';
 
 CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 	RETURNS TABLE (flow_id bigint, graph text, version int, status text,
@@ -729,19 +754,19 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
-	AS $$
+BEGIN ATOMIC
 	SELECT dwarf.check_flow(snapshot.flow_id);
 	SELECT f.id, g.name, g.version, f.status,
 		   coalesce(f.state, dwarf.state_at(f.id)),
 		   f.error, f.interrupt_payload, f.cancel_reason,
-		   (SELECT count(*) FROM dwarf.flow_steps(f.id)),
+		   (SELECT count(*) FROM dwarf_internal.flow_steps(f.id)),
 		   f.created_at, f.finished_at,
 		   e.doc ->> 'task', e.doc ->> 'sqlstate', e.doc ->> 'detail', e.doc ->> 'hint'
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id,
 		   LATERAL (SELECT CASE WHEN f.status = 'failed'
-								THEN dwarf.failed_step_error(f.id, f.error) END AS doc) e
+								THEN dwarf_internal.failed_step_error(f.id, f.error) END AS doc) e
 	 WHERE f.id = snapshot.flow_id;
-$$;
+END;
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
 	'A flow''s status and state now (while it runs: its input with every committed step''s changes folded in); '
 	'an unknown flow is an error';
@@ -753,29 +778,17 @@ CREATE FUNCTION dwarf.history(flow_id bigint)
 				   error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
-	AS $$
+BEGIN ATOMIC
 	SELECT dwarf.check_flow(history.flow_id);
 	SELECT s.step_id, s.task, s.status, s.attempt, s.started_at,
 		   s.finished_at, s.error ->> 'message', s.changes,
 		   s.error ->> 'sqlstate', s.error ->> 'detail', s.error ->> 'hint'
-	  FROM dwarf.flow_steps(history.flow_id) s
+	  FROM dwarf_internal.flow_steps(history.flow_id) s
 	 ORDER BY s.step_id;
-$$;
+END;
 COMMENT ON FUNCTION dwarf.history(bigint) IS
 	'One row per step of a flow, in execution order; a failed attempt''s error with its SQLSTATE, detail and hint. '
-	'An unknown flow is an error';
-
-CREATE FUNCTION dwarf.step(flow_id bigint, task text)
-	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
-				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb,
-				   error_sqlstate text, error_detail text, error_hint text)
-	LANGUAGE sql STABLE STRICT
-	SET search_path = pg_catalog, pg_temp
-	AS $$
-	SELECT h.* FROM dwarf.history(step.flow_id) h WHERE h.task = step.task
-$$;
-COMMENT ON FUNCTION dwarf.step(bigint, text) IS 'The steps that ran one task of a flow, in order';
+	'The steps of one task: WHERE task = ... An unknown flow is an error';
 
 CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 						   since timestamptz DEFAULT NULL, until timestamptz DEFAULT NULL,
@@ -787,7 +800,7 @@ CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 				   error_task text, error_sqlstate text, error_detail text, error_hint text)
 	LANGUAGE sql STABLE
 	SET search_path = pg_catalog, pg_temp
-	AS $$
+BEGIN ATOMIC
 	SELECT l.id, l.name, l.version, l.status, l.thread, l.error, l.created_at, l.finished_at,
 		   l.interrupt_payload,
 		   e.doc ->> 'task', e.doc ->> 'sqlstate', e.doc ->> 'detail', e.doc ->> 'hint'
@@ -804,9 +817,9 @@ CREATE FUNCTION dwarf.list(graph text DEFAULT NULL, status text DEFAULT NULL,
 			 ORDER BY f.id DESC
 			 LIMIT list.page_size) l,
 		   LATERAL (SELECT CASE WHEN l.status = 'failed'
-								THEN dwarf.failed_step_error(l.id, l.error) END AS doc) e
-	 ORDER BY l.id DESC
-$$;
+								THEN dwarf_internal.failed_step_error(l.id, l.error) END AS doc) e
+	 ORDER BY l.id DESC;
+END;
 COMMENT ON FUNCTION dwarf.list(text, text, timestamptz, timestamptz, text, text, bigint, int) IS
 	'The caller''s flows, newest first, filtered (graph: a name, any owner''s, or role.name), page_size at a time: '
 	'pass the last flow_id seen as "before" for the next page. An interrupted flow''s payload is in '
@@ -834,7 +847,7 @@ BEGIN
 
 	/* One node per task, styled by the outcome of its last step. */
 	FOR t IN
-		WITH s AS (SELECT s.task, s.status, s.step_id FROM dwarf.flow_steps(history_mermaid.flow_id) s),
+		WITH s AS (SELECT s.task, s.status, s.step_id FROM dwarf.history(history_mermaid.flow_id) s),
 		 last AS (SELECT DISTINCT ON (s.task) s.task, s.status FROM s ORDER BY s.task, s.step_id DESC),
 		 runs AS (SELECT s.task, count(*) FILTER (WHERE s.status IN ('completed', 'failed')) AS runs
 					FROM s GROUP BY s.task)
@@ -976,7 +989,7 @@ SELECT pg_catalog.pg_extension_config_dump('dwarf.maintain_log', '');
  * never a flow's contents.  A graph is named by its name alone (the graphs
  * of two owners with one name count together).
  */
-CREATE FUNCTION dwarf.stats_counters()
+CREATE FUNCTION dwarf_internal.stats_counters()
 	RETURNS TABLE (graph text, task text,
 				   flows_created bigint, flows_completed bigint, flows_failed bigint,
 				   flows_cancelled bigint,
@@ -988,7 +1001,7 @@ CREATE FUNCTION dwarf.stats_counters()
 				   stats_reset timestamptz)
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', 'dwarf_stats_counters';
-COMMENT ON FUNCTION dwarf.stats_counters() IS
+COMMENT ON FUNCTION dwarf_internal.stats_counters() IS
 	'This database''s counters: a row per graph (task NULL: its flows, and its steps of all tasks) and one per task; '
 	'read through dwarf.graph_stats and dwarf.task_stats';
 
@@ -998,7 +1011,7 @@ CREATE VIEW dwarf.graph_stats AS
 		   flow_seconds_sum, flow_seconds_count, flow_p50_s, flow_p95_s, flow_p99_s,
 		   step_seconds_sum, step_seconds_count, step_p50_s, step_p95_s, step_p99_s,
 		   stats_reset
-	  FROM dwarf.stats_counters()
+	  FROM dwarf_internal.stats_counters()
 	 WHERE task IS NULL;
 COMMENT ON VIEW dwarf.graph_stats IS
 	'Per graph, cumulative: flows created, completed, failed, cancelled; steps run (every attempt), failed, retried; '
@@ -1008,7 +1021,7 @@ COMMENT ON VIEW dwarf.graph_stats IS
 CREATE VIEW dwarf.task_stats AS
 	SELECT graph, task, steps_run, steps_failed, steps_retried,
 		   step_seconds_sum, step_seconds_count, step_p50_s, step_p95_s, step_p99_s
-	  FROM dwarf.stats_counters()
+	  FROM dwarf_internal.stats_counters()
 	 WHERE task IS NOT NULL;
 COMMENT ON VIEW dwarf.task_stats IS
 	'Per task of each graph, cumulative: steps run (every attempt), failed (status failed), retried (status retry), '
@@ -1028,12 +1041,12 @@ CREATE FUNCTION dwarf.stats_reset() RETURNS void
 COMMENT ON FUNCTION dwarf.stats_reset() IS
 	'Zeroes this database''s counters and histograms (stats_reset becomes now); the extension''s owner or a superuser only';
 
-CREATE FUNCTION dwarf.stats_shared()
+CREATE FUNCTION dwarf_internal.stats_shared()
 	RETURNS TABLE (ready_backlog bigint, timers_due bigint, runners_busy int, runners_max int,
 				   poison_steps bigint)
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', 'dwarf_stats_shared';
-COMMENT ON FUNCTION dwarf.stats_shared() IS
+COMMENT ON FUNCTION dwarf_internal.stats_shared() IS
 	'What dwarf.health reads of shared memory';
 
 /*
@@ -1060,16 +1073,16 @@ CREATE VIEW dwarf.health AS
 		   extract(epoch FROM now() - o.oldest_interrupted)::float8 AS oldest_interrupted_s,
 		   s.ready_backlog, s.timers_due, s.runners_busy, s.runners_max, s.poison_steps,
 		   m.last_maintain
-	  FROM open o CROSS JOIN dwarf.stats_shared() s LEFT JOIN maintained m ON true;
+	  FROM open o CROSS JOIN dwarf_internal.stats_shared() s LEFT JOIN maintained m ON true;
 COMMENT ON VIEW dwarf.health IS
 	'Per graph with open flows (and graph NULL: the whole database): age in seconds of the oldest running and '
 	'interrupted flow; and for the database: steps ready in the workers'' queues, steps waiting for a timer '
 	'(sleep, retry backoff), runners busy (all databases) and dwarf.max_runners, steps blamed for ending their '
 	'process, when dwarf.maintain last finished';
 
-REVOKE ALL ON FUNCTION dwarf.stats_counters(), dwarf.stats_histogram(), dwarf.stats_reset(),
-	dwarf.stats_shared() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION dwarf.stats_counters(), dwarf.stats_histogram(), dwarf.stats_shared()
+REVOKE ALL ON FUNCTION dwarf_internal.stats_counters(), dwarf.stats_histogram(), dwarf.stats_reset(),
+	dwarf_internal.stats_shared() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dwarf_internal.stats_counters(), dwarf.stats_histogram(), dwarf_internal.stats_shared()
 	TO pg_monitor;
 /*
  * pg_monitor needs the schema to read them; what else it may call there
@@ -1080,7 +1093,7 @@ REVOKE ALL ON dwarf.graph_stats, dwarf.task_stats, dwarf.health FROM PUBLIC;
 GRANT SELECT ON dwarf.graph_stats, dwarf.task_stats, dwarf.health TO pg_monitor;
 
 /* The archive's partitions of one table, with the UTC day each holds. */
-CREATE FUNCTION dwarf.archive_days(parent regclass)
+CREATE FUNCTION dwarf_internal.archive_days(parent regclass)
 	RETURNS TABLE (day date, partition regclass)
 	LANGUAGE sql STABLE STRICT
 	SET search_path = pg_catalog, pg_temp
@@ -1090,7 +1103,7 @@ CREATE FUNCTION dwarf.archive_days(parent regclass)
 	 WHERE i.inhparent = archive_days.parent
 	 ORDER BY 1
 $$;
-COMMENT ON FUNCTION dwarf.archive_days(regclass) IS
+COMMENT ON FUNCTION dwarf_internal.archive_days(regclass) IS
 	'The day partitions of dwarf.flow_archive or dwarf.step_archive, oldest first';
 
 /*
@@ -1108,10 +1121,10 @@ COMMENT ON FUNCTION dwarf.archive_days(regclass) IS
  * flow, so a flow's steps sit on one or two pages whose range of flow ids
  * is narrow, and an append costs no index WAL (a B-tree entry per step
  * would add a quarter to the move's WAL).  A lookup goes to one day
- * partition through the flow's row (see dwarf.flow_steps), and
- * dwarf.archive_steps summarizes the pages it fills as it goes.
+ * partition through the flow's row (see dwarf_internal.flow_steps), and
+ * dwarf_internal.archive_steps summarizes the pages it fills as it goes.
  */
-CREATE FUNCTION dwarf.make_archive_day(day date) RETURNS boolean
+CREATE FUNCTION dwarf_internal.make_archive_day(day date) RETURNS boolean
 	LANGUAGE plpgsql STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -1148,17 +1161,17 @@ BEGIN
 	RETURN true;
 END
 $$;
-REVOKE ALL ON FUNCTION dwarf.make_archive_day(date) FROM PUBLIC;
-COMMENT ON FUNCTION dwarf.make_archive_day(date) IS
+REVOKE ALL ON FUNCTION dwarf_internal.make_archive_day(date) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf_internal.make_archive_day(date) IS
 	'For dwarf.maintain: makes the partitions of one day (UTC) of dwarf.flow_archive and dwarf.step_archive, '
 	'with their indexes, unless they exist; true when it made them';
 
-CREATE FUNCTION dwarf.archive_steps(flow_ids bigint[], closed timestamptz[]) RETURNS bigint
+CREATE FUNCTION dwarf_internal.archive_steps(flow_ids bigint[], closed timestamptz[]) RETURNS bigint
 	LANGUAGE c STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_archive_steps';
-REVOKE ALL ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) FROM PUBLIC;
-COMMENT ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) IS
+REVOKE ALL ON FUNCTION dwarf_internal.archive_steps(bigint[], timestamptz[]) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf_internal.archive_steps(bigint[], timestamptz[]) IS
 	'For dwarf.maintain: moves the steps of flows it archived (closed[i]: when flow_ids[i] closed) '
 	'into the day partitions of dwarf.step_archive, sorted by flow';
 
@@ -1173,7 +1186,7 @@ COMMENT ON FUNCTION dwarf.archive_steps(bigint[], timestamptz[]) IS
  * made or dropped, no flow moved, no log row) and returns what the pass
  * would do.
  */
-CREATE FUNCTION dwarf.maintain_at(now timestamptz, dry_run boolean DEFAULT false) RETURNS jsonb
+CREATE FUNCTION dwarf_internal.maintain_at(now timestamptz, dry_run boolean DEFAULT false) RETURNS jsonb
 	LANGUAGE plpgsql SECURITY DEFINER
 	SET search_path = pg_catalog, pg_temp
 	AS $$
@@ -1227,7 +1240,7 @@ BEGIN
 	 * else the day is left to the next pass.
 	 */
 	lock_timeout := current_setting('lock_timeout');
-	FOR d IN SELECT a.day, a.partition FROM dwarf.archive_days('dwarf.flow_archive') a
+	FOR d IN SELECT a.day, a.partition FROM dwarf_internal.archive_days('dwarf.flow_archive') a
 			  WHERE a.day < expired_before LOOP
 		IF dry_run THEN
 			EXECUTE format('SELECT count(*) FROM %s', d.partition) INTO n_dropped;
@@ -1250,7 +1263,7 @@ BEGIN
 	FOR i IN 0 .. 2 LOOP
 		IF today + i >= expired_before AND
 			(CASE WHEN dry_run THEN to_regclass('dwarf.flow_archive_' || to_char(today + i, 'YYYYMMDD')) IS NULL
-				  ELSE dwarf.make_archive_day(today + i) END) THEN
+				  ELSE dwarf_internal.make_archive_day(today + i) END) THEN
 			made := made || to_char(today + i, 'YYYY-MM-DD');
 		END IF;
 	END LOOP;
@@ -1282,7 +1295,7 @@ BEGIN
 			   AND NOT to_char(d.day, 'YYYY-MM-DD') = ANY (made) THEN
 				made := made || to_char(d.day, 'YYYY-MM-DD');
 			END IF;
-		ELSIF dwarf.make_archive_day(d.day) THEN
+		ELSIF dwarf_internal.make_archive_day(d.day) THEN
 			made := made || to_char(d.day, 'YYYY-MM-DD');
 		END IF;
 	END LOOP;
@@ -1304,7 +1317,7 @@ BEGIN
 
 	/*
 	 * Moved in chunks: the flows' rows in one statement, then their steps
-	 * (dwarf.archive_steps, sorted by flow for the block-range indexes).
+	 * (dwarf_internal.archive_steps, sorted by flow for the block-range indexes).
 	 * Flows locked by someone else (dwarf.delete, dwarf.continue) are
 	 * skipped: the next pass takes them.
 	 */
@@ -1324,7 +1337,7 @@ BEGIN
 		SELECT array_agg(id), array_agg(finished_at) INTO chunk_ids, chunk_closed FROM flows;
 		n_flows := coalesce(cardinality(chunk_ids), 0);
 		IF n_flows > 0 THEN
-			n_steps := dwarf.archive_steps(chunk_ids, chunk_closed);
+			n_steps := dwarf_internal.archive_steps(chunk_ids, chunk_closed);
 			moved_flows := moved_flows + n_flows;
 			moved_steps := moved_steps + n_steps;
 		END IF;
@@ -1352,15 +1365,15 @@ BEGIN
 	RETURN result;
 END
 $$;
-REVOKE ALL ON FUNCTION dwarf.maintain_at(timestamptz, boolean) FROM PUBLIC;
-COMMENT ON FUNCTION dwarf.maintain_at(timestamptz, boolean) IS
+REVOKE ALL ON FUNCTION dwarf_internal.maintain_at(timestamptz, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf_internal.maintain_at(timestamptz, boolean) IS
 	'A pass of dwarf.maintain as if the time were now (for tests: a time ahead drops days before their retention); '
 	'granted to no one, unlike dwarf.maintain';
 
 CREATE FUNCTION dwarf.maintain(dry_run boolean DEFAULT false) RETURNS jsonb
 	LANGUAGE sql SECURITY DEFINER
 	SET search_path = pg_catalog, pg_temp
-	AS $$ SELECT dwarf.maintain_at(pg_catalog.now(), maintain.dry_run) $$;
+	AS $$ SELECT dwarf_internal.maintain_at(pg_catalog.now(), maintain.dry_run) $$;
 REVOKE ALL ON FUNCTION dwarf.maintain(boolean) FROM PUBLIC;
 COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 	'Moves flows closed for longer than dwarf.archive_after (and their steps) into the archive, drops archive days '
@@ -1372,14 +1385,14 @@ CREATE VIEW dwarf.storage AS
 	SELECT pg_total_relation_size('dwarf.flow') AS live_flow_bytes,
 		   pg_total_relation_size('dwarf.step') AS live_step_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(a.partition)), 0)
-			  FROM dwarf.archive_days('dwarf.flow_archive') a) AS archive_flow_bytes,
+			  FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS archive_flow_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(a.partition)), 0)
-			  FROM dwarf.archive_days('dwarf.step_archive') a) AS archive_step_bytes,
+			  FROM dwarf_internal.archive_days('dwarf.step_archive') a) AS archive_step_bytes,
 		   (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
-			  FROM dwarf.archive_days('dwarf.step_archive') a JOIN pg_class c ON c.oid = a.partition)
+			  FROM dwarf_internal.archive_days('dwarf.step_archive') a JOIN pg_class c ON c.oid = a.partition)
 			 AS archive_steps_estimate,
-		   (SELECT count(*) FROM dwarf.archive_days('dwarf.flow_archive')) AS archive_days,
-		   (SELECT min(a.day) FROM dwarf.archive_days('dwarf.flow_archive') a) AS oldest_archived_day,
+		   (SELECT count(*) FROM dwarf_internal.archive_days('dwarf.flow_archive')) AS archive_days,
+		   (SELECT min(a.day) FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS oldest_archived_day,
 		   l.started_at AS last_maintain_at,
 		   l.took AS last_maintain_took,
 		   l.result AS last_maintain
@@ -1388,3 +1401,16 @@ CREATE VIEW dwarf.storage AS
 COMMENT ON VIEW dwarf.storage IS
 	'Sizes of the live tables and the archive, the oldest archived day, and the last dwarf.maintain() pass';
 GRANT SELECT ON dwarf.storage TO PUBLIC;
+
+/*
+ * dwarf_internal's functions are for dwarf's own code.  PostgreSQL checks
+ * EXECUTE as the caller of a public function or view that calls one, so
+ * those it calls on the caller's behalf stay executable; with no USAGE on
+ * the schema, no role can name them itself.
+ */
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dwarf_internal FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dwarf_internal.flow_steps(bigint),			-- history, snapshot, state_at
+	dwarf_internal.failed_step_error(bigint, text),						-- snapshot, list
+	dwarf_internal.fold_changes(jsonb, jsonb[], jsonb),					-- state_at
+	dwarf_internal.archive_days(regclass)								-- dwarf.storage
+	TO PUBLIC;

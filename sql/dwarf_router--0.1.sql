@@ -403,14 +403,6 @@ CREATE FUNCTION dwarf_router.validate_on(part int, definition jsonb) RETURNS jso
 	SELECT dwarf.validate(definition) AS validate_on;
 $$;
 
-CREATE FUNCTION dwarf_router.fold_changes_on(part int, input jsonb, changes jsonb[], reducers jsonb)
-	RETURNS jsonb
-	LANGUAGE plproxy AS $$
-	CLUSTER 'dwarf_shards';
-	RUN ON part;
-	SELECT dwarf.fold_changes(input, changes, reducers) AS fold_changes_on;
-$$;
-
 CREATE FUNCTION dwarf_router.define_on(part int, graph_name text, definition jsonb) RETURNS int
 	LANGUAGE plproxy AS $$
 	CLUSTER 'dwarf_shards';
@@ -803,7 +795,7 @@ COMMENT ON FUNCTION dwarf.await_any(bigint[], interval) IS
 	'past the timeout, the first flow''s as it is now';
 
 /*
- * snapshot, step and list return columns named as some of their arguments,
+ * snapshot, history and list return columns named as some of their arguments,
  * which PL/pgSQL cannot compile: for them dwarf.* is a SQL function over a
  * PL/pgSQL one in dwarf_router with other argument names.  The SQL function
  * is inlined into the query that calls it in FROM (it is neither STRICT nor
@@ -854,7 +846,7 @@ CREATE FUNCTION dwarf.snapshot(flow_id bigint)
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
 	'A flow''s status and state now, from its shard';
 
-/* history and step: the steps of a flow (of one task), their ids made to carry the shard. */
+/* history: the steps of a flow, their ids made to carry the shard. */
 CREATE FUNCTION dwarf_router.history(flow bigint, task_name text)
 	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
 				   started_at timestamptz, finished_at timestamptz,
@@ -897,16 +889,6 @@ CREATE FUNCTION dwarf.history(flow_id bigint)
 	AS $$ SELECT * FROM dwarf_router.history($1, NULL) WHERE $1 IS NOT NULL $$;
 COMMENT ON FUNCTION dwarf.history(bigint) IS
 	'One row per step of a flow, in execution order, from its shard; the step ids carry the shard (see dwarf.fork)';
-
-CREATE FUNCTION dwarf.step(flow_id bigint, task text)
-	RETURNS TABLE (step_id bigint, task text, status text, attempt int,
-				   started_at timestamptz, finished_at timestamptz,
-				   error text, changes jsonb,
-				   error_sqlstate text, error_detail text, error_hint text)
-	LANGUAGE sql STABLE
-	AS $$ SELECT * FROM dwarf_router.history($1, $2) WHERE $1 IS NOT NULL AND $2 IS NOT NULL $$;
-COMMENT ON FUNCTION dwarf.step(bigint, text) IS
-	'The steps that ran one task of a flow, in order, from its shard';
 
 /* state_at and replay_state: before_step is a router step id (or a shard's own: the flow names the shard). */
 CREATE FUNCTION dwarf_router.state_at(flow bigint, before_step bigint, replay boolean) RETURNS jsonb
@@ -1100,33 +1082,6 @@ END
 $$;
 COMMENT ON FUNCTION dwarf.history_mermaid(bigint) IS
 	'A Mermaid flowchart of the flow''s graph, each task styled by how it ran, from its shard';
-
-/* fold_changes is a pure function of its arguments: any shard computes it. */
-CREATE FUNCTION dwarf.fold_changes(input jsonb, changes jsonb[], reducers jsonb) RETURNS jsonb
-	LANGUAGE plpgsql IMMUTABLE
-	SET search_path = pg_catalog, pg_temp
-	AS $$
-DECLARE
-	part int;
-	e_detail text;
-	e_hint text;
-	e dwarf_router.error;
-BEGIN
-	part := floor(random() * dwarf_router.partitions())::int;
-	RETURN dwarf_router.fold_changes_on(part, input, changes, reducers);
-EXCEPTION WHEN OTHERS THEN
-	GET STACKED DIAGNOSTICS e_detail = PG_EXCEPTION_DETAIL, e_hint = PG_EXCEPTION_HINT;
-	e := dwarf_router.shard_error(ARRAY[part], SQLSTATE, SQLERRM, e_detail, e_hint);
-	CASE
-		WHEN e.detail IS NULL AND e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message;
-		WHEN e.hint IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail;
-		WHEN e.detail IS NULL THEN RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, HINT = e.hint;
-		ELSE RAISE EXCEPTION USING ERRCODE = e.code, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
-	END CASE;
-END
-$$;
-COMMENT ON FUNCTION dwarf.fold_changes(jsonb, jsonb[], jsonb) IS
-	'Merges step changes into a state in order, with the given per-field reducers (computed by a shard)';
 
 /*
  * Graphs.  Every shard must know every graph, at the same version, since a

@@ -106,11 +106,11 @@ SELECT dwarf.define('ei_fanout_failed', '{
 SELECT status, error FROM dwarf.run('ei_fanout_failed', '{}');
 SELECT count(*) AS join_steps
   FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-	   LATERAL dwarf.step(f.id, 'Join') s
+	   LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Join') s
  WHERE g.name = 'ei_fanout_failed';
 SELECT count(*) AS failed_work_steps
   FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-	   LATERAL dwarf.step(f.id, 'Work') s
+	   LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Work') s
  WHERE g.name = 'ei_fanout_failed' AND s.status = 'failed';
 SELECT count(*) FILTER (WHERE task = 'join') AS join_rows,
 	   count(*) FILTER (WHERE task = 'work' AND n = 2) AS bad_item_rows

@@ -8,7 +8,8 @@
 -- nothing, and its "now" is no longer an argument; await_all and await_any
 -- wait for many flows in one call; list shows interrupt payloads and takes
 -- page_size; the retry policy retries 40001 by default and P0001 only when
--- listed.
+-- listed; schema dwarf holds the API and nothing else: the helpers are in
+-- dwarf_internal, which only dwarf's own functions reach.
 --
 \set VERBOSITY terse
 CREATE SCHEMA fw;
@@ -93,7 +94,7 @@ SELECT error, error_task, error_sqlstate, error_detail, error_hint
   FROM dwarf.list(graph => 'fw_checkout', status => 'failed') ORDER BY flow_id;
 SELECT task, status, error, error_sqlstate, error_detail, error_hint
   FROM dwarf.history(:failed_id);
-SELECT task, status, error_sqlstate FROM dwarf.step(:failed_id, 'Charge');
+SELECT task, status, error_sqlstate FROM dwarf.history(:failed_id) WHERE task = 'Charge';
 -- a completed flow has none, even when a handler took its failed step
 SELECT status, state->'refunded' AS refunded, error, error_task, error_sqlstate
   FROM dwarf.run('fw_handled', '{"card": "7"}');
@@ -106,7 +107,8 @@ SELECT f AS call, fw.try('SELECT * FROM ' || f) AS error
   FROM unnest(ARRAY['dwarf.history(999999999)', 'dwarf.snapshot(999999999)',
 					'dwarf.await(999999999, ''0'')', 'dwarf.cancel(999999999)',
 					'dwarf.resume(999999999)', 'dwarf.delete(999999999)',
-					'dwarf.continue(999999999)', 'dwarf.step(999999999, ''A'')',
+					'dwarf.continue(999999999)', 'dwarf.state_at(999999999)',
+					'dwarf.replay_state(999999999)', 'dwarf.state_at(999999999, 5)',
 					'dwarf.history_mermaid(999999999)', 'dwarf.await_all(''{999999999}'', ''0'')',
 					'dwarf.await_any(''{999999999}'', ''0'')', 'dwarf.check_flow(999999999)']) f;
 -- the hint says what the id tells: another shard, another server's timeline
@@ -196,7 +198,7 @@ SELECT (SELECT count(*) FROM dwarf.flow) = :live_before AS live_same,
 	   (SELECT count(*) FROM pg_inherits WHERE inhparent = 'dwarf.flow_archive'::regclass) = :days_before
 		 AS no_day_made;
 SELECT fw.try($$SELECT dwarf.maintain(now => now() + interval '40 days')$$) AS now_is_gone;
-SELECT has_function_privilege('regress_dwarf_fw_a', 'dwarf.maintain_at(timestamptz, boolean)', 'EXECUTE')
+SELECT has_function_privilege('regress_dwarf_fw_a', 'dwarf_internal.maintain_at(timestamptz, boolean)', 'EXECUTE')
 	AS others_may_maintain_at;
 
 ----------------------------------------------------------------------
@@ -210,6 +212,51 @@ SELECT flow_id AS listed_id, status, state->'attempt' AS attempt
   FROM dwarf.run('fw_retry_listed', '{"code": "P0001"}', timeout => '60 s') \gset
 SELECT :'status' AS status, :attempt AS attempt;
 SELECT task, status, attempt, error, error_sqlstate FROM dwarf.history(:listed_id);
+
+----------------------------------------------------------------------
+-- the surface: schema dwarf holds what README's function table lists,
+-- one name per concept (dwarf.step is the table of step rows; the steps
+-- of one task are history's rows WHERE task = ...); the helpers are in
+-- dwarf_internal, out of every role's reach but dwarf's own functions'
+----------------------------------------------------------------------
+WITH api(name) AS (
+	VALUES ('await'), ('await_all'), ('await_any'), ('baggage'), ('cancel'), ('check_flow'),
+		   ('claim'), ('complete'), ('continue'), ('create'), ('define'), ('delete'),
+		   ('drop_limit'), ('extend'), ('external_steps'), ('fail'), ('flow_id'), ('fork'),
+		   ('goto'), ('history'), ('history_mermaid'), ('http_call'), ('interrupt'),
+		   ('limit_counts'), ('list'), ('maintain'), ('new_incarnation'), ('purge'),
+		   ('replay_state'), ('resume'), ('retry'), ('run'), ('set_limit'), ('sleep'),
+		   ('snapshot'), ('state_at'), ('stats_histogram'), ('stats_reset'), ('step_key'),
+		   ('subgraph'), ('validate'), ('worker_stats')),
+	 have AS (SELECT proname::text AS name FROM pg_proc WHERE pronamespace = 'dwarf'::regnamespace)
+SELECT (SELECT array_agg(name ORDER BY name) FROM have WHERE name NOT IN (SELECT name FROM api))
+		 AS not_in_the_table,
+	   (SELECT array_agg(name ORDER BY name) FROM api WHERE name NOT IN (SELECT name FROM have))
+		 AS missing;
+SELECT to_regprocedure('dwarf.step(bigint, text)') IS NULL AS no_step_function,
+	   to_regclass('dwarf.step') IS NOT NULL AS step_table;
+SELECT p.proname, has_function_privilege('regress_dwarf_fw_a', p.oid, 'EXECUTE') AS executable
+  FROM pg_proc p WHERE p.pronamespace = 'dwarf_internal'::regnamespace ORDER BY 1;
+SELECT has_schema_privilege('regress_dwarf_fw_a', 'dwarf_internal', 'USAGE') AS others_use_internal;
+-- a role reaches none of them itself, and every function that uses them
+-- works for it, on its own flows (snapshot, list and await of a failed one)
+SET ROLE regress_dwarf_fw_a;
+SELECT fw.try($$SELECT dwarf_internal.fold_changes('{}', '{}', '{}')$$) AS fold_changes;
+SELECT fw.try('SELECT * FROM dwarf_internal.flow_steps(1)') AS flow_steps;
+SELECT dwarf.define('fw_own_checkout', '{"tasks": {"Reserve": "fw.ok", "Charge": "fw.charge"},
+  "transitions": [{"from": "Reserve", "to": "Charge"}]}') > 0 AS defined;
+SELECT dwarf.create('fw_own_checkout', '{"card": "5"}') AS own_failed_id \gset
+SELECT status, error_task, error_sqlstate, error_hint FROM dwarf.await(:own_failed_id, '30 s');
+SELECT status, state, steps, error_task, error_sqlstate FROM dwarf.snapshot(:own_failed_id);
+SELECT task, status, error_sqlstate FROM dwarf.history(:own_failed_id);
+SELECT dwarf.state_at(:own_failed_id) AS state_at, dwarf.replay_state(:own_failed_id) AS replay_state,
+	   dwarf.state_at(:own_failed_id, (SELECT step_id FROM dwarf.history(:own_failed_id) WHERE task = 'Charge'))
+		 AS before_charge;
+SELECT status, error_task, error_sqlstate FROM dwarf.list(graph => 'fw_own_checkout');
+SELECT dwarf.history_mermaid(:own_failed_id) LIKE '%Charge<br/>failed%' AS mermaid;
+SELECT archive_days >= 0 AS storage_readable FROM dwarf.storage;
+SELECT dwarf.purge('0 s') AS purged_own;
+RESET ROLE;
 
 -- the interrupted approvals, cancelled
 SELECT count(*) FILTER (WHERE dwarf.cancel(id)) AS cancelled FROM unnest(:'asking'::bigint[]) id;

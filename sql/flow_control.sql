@@ -74,7 +74,7 @@ SELECT task, status, attempt, error, changes FROM dwarf.history(:r_id);
 SELECT task, n FROM fc.log WHERE flow_id = :r_id ORDER BY id;
 -- the backoff: attempt k+1 starts at least 100 ms * 2^(k-1) after attempt k ended
 SELECT b.attempt, b.started_at >= a.finished_at + '100 ms'::interval * 2 ^ (a.attempt - 1) AS waited
-  FROM dwarf.step(:r_id, 'Flaky') a JOIN dwarf.step(:r_id, 'Flaky') b ON b.attempt = a.attempt + 1
+  FROM (SELECT * FROM dwarf.history(:r_id) WHERE task = 'Flaky') a JOIN (SELECT * FROM dwarf.history(:r_id) WHERE task = 'Flaky') b ON b.attempt = a.attempt + 1
  ORDER BY 1;
 -- dwarf.step_key() is the same for every attempt of a step, another for the next step;
 -- dwarf.flow_id() is the flow's id
@@ -103,7 +103,7 @@ SELECT dwarf.define('fc_capped', '{"tasks": {"Capped": "fc.capped"}}');
 SELECT flow_id AS cap_id FROM dwarf.run('fc_capped', '{}') \gset
 SELECT status, state FROM dwarf.await(:cap_id, '30 s');
 SELECT b.attempt, b.started_at >= a.finished_at + '200 ms' AS waited_max
-  FROM dwarf.step(:cap_id, 'Capped') a JOIN dwarf.step(:cap_id, 'Capped') b ON b.attempt = a.attempt + 1
+  FROM (SELECT * FROM dwarf.history(:cap_id) WHERE task = 'Capped') a JOIN (SELECT * FROM dwarf.history(:cap_id) WHERE task = 'Capped') b ON b.attempt = a.attempt + 1
  ORDER BY 1;
 
 -- give up: with a tiny give_up_after the first call already returns false
@@ -201,14 +201,14 @@ SELECT status, state FROM dwarf.await(:s_id, '30 s');
 SELECT task, status, attempt, changes FROM dwarf.history(:s_id);
 -- the next step started at least the interval after the sleeping step ended
 SELECT b.started_at >= a.finished_at + '1 s' AS slept_1s
-  FROM dwarf.step(:s_id, 'Nap') a, dwarf.step(:s_id, 'After') b;
+  FROM (SELECT * FROM dwarf.history(:s_id) WHERE task = 'Nap') a, (SELECT * FROM dwarf.history(:s_id) WHERE task = 'After') b;
 -- the sleeping step's write committed once, the next step ran once
 SELECT task, count(*) FROM fc.log WHERE flow_id = :s_id GROUP BY task ORDER BY task;
 -- two sleeps in one task add up
 SELECT flow_id AS s2_id FROM dwarf.run('fc_sleep', '{"nap": "400 ms", "nap2": "400 ms"}') \gset
 SELECT status FROM dwarf.await(:s2_id, '30 s');
 SELECT b.started_at >= a.finished_at + '800 ms' AS slept_800ms
-  FROM dwarf.step(:s2_id, 'Nap') a, dwarf.step(:s2_id, 'After') b;
+  FROM (SELECT * FROM dwarf.history(:s2_id) WHERE task = 'Nap') a, (SELECT * FROM dwarf.history(:s2_id) WHERE task = 'After') b;
 -- a zero sleep is allowed
 SELECT status, state FROM dwarf.run('fc_sleep', '{"nap": "0 s"}');
 -- a negative sleep fails the step, and its write is rolled back
@@ -242,7 +242,7 @@ SELECT flow_id AS nr_id FROM dwarf.run('fc_nap_retry', '{}') \gset
 SELECT status, state FROM dwarf.await(:nr_id, '30 s');
 SELECT task, status, attempt FROM dwarf.history(:nr_id);
 SELECT b.started_at >= a.finished_at + '800 ms' AS waited_800ms
-  FROM dwarf.step(:nr_id, 'NapRetry') a JOIN dwarf.step(:nr_id, 'NapRetry') b ON b.attempt = 2
+  FROM (SELECT * FROM dwarf.history(:nr_id) WHERE task = 'NapRetry') a JOIN (SELECT * FROM dwarf.history(:nr_id) WHERE task = 'NapRetry') b ON b.attempt = 2
  WHERE a.attempt = 1;
 
 ----------------------------------------------------------------------
@@ -284,7 +284,7 @@ SELECT status, state->'trail' AS trail FROM dwarf.run('fc_goto', '{"retry_first"
 SELECT flow_id AS g2_id FROM dwarf.run('fc_goto', '{"jump": true, "nap": "500 ms"}') \gset
 SELECT status, state->'trail' AS trail FROM dwarf.await(:g2_id, '30 s');
 SELECT b.started_at >= a.finished_at + '500 ms' AS slept_before_x
-  FROM dwarf.step(:g2_id, 'Jumper') a, dwarf.step(:g2_id, 'X') b;
+  FROM (SELECT * FROM dwarf.history(:g2_id) WHERE task = 'Jumper') a, (SELECT * FROM dwarf.history(:g2_id) WHERE task = 'X') b;
 
 ----------------------------------------------------------------------
 -- dwarf.interrupt and dwarf.resume
@@ -399,7 +399,7 @@ SELECT status, fc.mask(error) AS error FROM dwarf.await(:pf_id, '30 s');
 SELECT error LIKE '%child exploded on purpose%' AS parent_error_has_child_message
   FROM dwarf.flow WHERE id = :pf_id;
 SELECT f.status, f.error FROM dwarf.flow f WHERE f.parent_id = :pf_id;
-SELECT count(*) AS after_ran FROM dwarf.step(:pf_id, 'After');
+SELECT count(*) AS after_ran FROM dwarf.history(:pf_id) WHERE task = 'After';
 -- an unknown child graph or an input that is not an object fails the parent's step
 SELECT status, fc.mask(error) AS error FROM dwarf.run('fc_parent', '{"child": "fc_no_such_graph"}');
 SELECT status, fc.mask(error) AS error FROM dwarf.run('fc_parent', '{"child": "fc_child", "child_input": [1]}');
@@ -434,7 +434,7 @@ SELECT dwarf.cancel(:pc_id, 'stop the family');
 SELECT status, cancel_reason FROM dwarf.await(:pc_id, '30 s');
 SELECT status FROM dwarf.await(:pc_child_id, '30 s');
 SELECT status FROM dwarf.flow WHERE id = :pc_child_id;
-SELECT count(*) AS child_b_ran FROM dwarf.step(:pc_child_id, 'ChildB');
+SELECT count(*) AS child_b_ran FROM dwarf.history(:pc_child_id) WHERE task = 'ChildB';
 -- delete of a parent deletes its child and their steps
 SELECT dwarf.delete(:p_id);
 SELECT count(*) AS flows_left FROM dwarf.flow WHERE id IN (:p_id, :p_child_id);

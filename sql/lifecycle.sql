@@ -102,7 +102,7 @@ SELECT flow_id AS tb_id FROM dwarf.run('lc_slow', '{"secs": 2}', time_budget => 
 SELECT status, error ILIKE '%time budget%' AS mentions_time_budget, error FROM dwarf.await(:tb_id, '30 s');
 SELECT task, status, attempt, error ILIKE '%time budget%' AS mentions_time_budget FROM dwarf.history(:tb_id);
 -- it was stopped, not left to finish its 2 s
-SELECT finished_at - started_at < '1.5 s' AS stopped_early FROM dwarf.step(:tb_id, 'Slow');
+SELECT finished_at - started_at < '1.5 s' AS stopped_early FROM dwarf.history(:tb_id) WHERE task = 'Slow';
 SELECT time_budget FROM dwarf.flow WHERE id = :tb_id;
 -- the budget is per step: three steps of 100 ms each fit a 1 s budget
 SELECT status, state->'trail' AS trail FROM dwarf.run('lc_slow', '{"secs": 0.1}', time_budget => '1 s');
@@ -187,7 +187,7 @@ SELECT count(*) AS flows_in_thread_1 FROM dwarf.flow WHERE thread = 'lc-thread-1
 ----------------------------------------------------------------------
 SELECT flow_id AS src_id FROM dwarf.run('lc_chain', '{"v": 1}') \gset
 SELECT status, state FROM dwarf.await(:src_id, '30 s');
-SELECT step_id AS b_step FROM dwarf.step(:src_id, 'B') \gset
+SELECT step_id AS b_step FROM dwarf.history(:src_id) WHERE task = 'B' \gset
 SELECT dwarf.fork(:b_step, '{"v": 2}') AS fork_id \gset
 SELECT status, state FROM dwarf.await(:fork_id, '30 s');
 -- its history starts with that task
@@ -196,13 +196,13 @@ SELECT start_task, input FROM dwarf.flow WHERE id = :fork_id;
 -- the source flow is untouched
 SELECT status, state FROM dwarf.snapshot(:src_id);
 -- fork from the first step, without overrides: the whole flow again
-SELECT step_id AS a_step FROM dwarf.step(:src_id, 'A') \gset
+SELECT step_id AS a_step FROM dwarf.history(:src_id) WHERE task = 'A' \gset
 SELECT dwarf.fork(:a_step) AS fork2_id \gset
 SELECT status, state FROM dwarf.await(:fork2_id, '30 s');
 -- fork the failed step of a failed flow with the fix as override
 SELECT flow_id AS bad_id FROM dwarf.run('lc_chain', '{"v": 3, "fail_b": "in source"}') \gset
 SELECT status, error FROM dwarf.await(:bad_id, '30 s');
-SELECT step_id AS bad_step FROM dwarf.step(:bad_id, 'B') \gset
+SELECT step_id AS bad_step FROM dwarf.history(:bad_id) WHERE task = 'B' \gset
 SELECT dwarf.fork(:bad_step, '{"fail_b": null}') AS fork3_id \gset
 SELECT status, state - 'fail_b' AS state, state ? 'fail_b' AS has_fail_b FROM dwarf.await(:fork3_id, '30 s');
 SELECT task, status FROM dwarf.history(:fork3_id);

@@ -434,13 +434,12 @@ SELECT status, error, state -> 'log' AS log, state -> 'total' AS total, state ->
   FROM dwarf.await(:main_id, '30 s');
 -- fire and forget
 SELECT status, state IS NULL AS no_state FROM dwarf.run('la_child', '{}', delete_on_completion => true);
--- reading: snapshot, history, step, state_at, fold_changes, list, history_mermaid, stats
+-- reading: snapshot, history (of one task too), state_at, list, history_mermaid, stats
 SELECT graph, version, status, steps FROM dwarf.snapshot(:main_id);
 SELECT task, status, count(*) FROM dwarf.history(:main_id) GROUP BY 1, 2 ORDER BY 1, 2;
-SELECT status, attempt, error, changes FROM dwarf.step(:main_id, 'Flaky') ORDER BY step_id;
+SELECT status, attempt, error, changes FROM dwarf.history(:main_id) WHERE task = 'Flaky' ORDER BY step_id;
 SELECT dwarf.state_at(:main_id) -> 'total' AS total_at_end,
-	   dwarf.state_at(:main_id, (SELECT min(step_id) FROM dwarf.step(:main_id, 'Join'))) -> 'total' AS total_before_join;
-SELECT dwarf.fold_changes('{"a": 1}', ARRAY['{"a": 2}'::jsonb, '{"b": 1}'], '{"a": "add"}') AS folded;
+	   dwarf.state_at(:main_id, (SELECT min(step_id) FROM dwarf.history(:main_id) WHERE task = 'Join')) -> 'total' AS total_before_join;
 SELECT count(*) AS listed FROM dwarf.list(graph => 'la_main', status => 'completed',
 	since => now() - interval '1 hour', until => clock_timestamp() + interval '1 hour',
 	thread => 'la-t2', error_like => NULL, page_size => 10);
@@ -469,7 +468,7 @@ SELECT dwarf.create('la_zz', '{}') AS zz_id \gset
 SELECT dwarf.cancel(:zz_id, 'by mallory');
 SELECT status, cancel_reason FROM dwarf.await(:zz_id, '30 s');
 -- fork from a step, continue a thread, delete
-SELECT step_id AS nap_step FROM dwarf.step(:main_id, 'Nap') \gset
+SELECT step_id AS nap_step FROM dwarf.history(:main_id) WHERE task = 'Nap' \gset
 SELECT dwarf.fork(:nap_step, '{"forked": true}') AS fork_id \gset
 SELECT status, state -> 'forked' AS forked, state -> 'loops' AS loops FROM dwarf.await(:fork_id, '30 s');
 SELECT dwarf.continue(:main_id, '{"n": 0, "again": true}') AS cont_id \gset
@@ -555,7 +554,7 @@ SELECT dwarf.define('la_vic_secret', '{"tasks": {"Gate": "la.gate", "S": "b.secr
   "transitions": [{"from": "Gate", "to": "S", "when": "$.go == true"}]}') AS vic_v1;
 SELECT flow_id AS vic_id, status FROM dwarf.run('la_vic_secret', '{"go": false}') \gset
 SELECT :'status' AS victim_flow;
-SELECT step_id AS vic_step FROM dwarf.step(:vic_id, 'Gate') \gset
+SELECT step_id AS vic_step FROM dwarf.history(:vic_id) WHERE task = 'Gate' \gset
 RESET ROLE;
 
 SET ROLE regress_dwarf_mallory;
@@ -579,7 +578,7 @@ COMMIT;
 SELECT o.status, o.error, count(*) FROM secret_ids i, LATERAL dwarf.await(i.id, '30 s') o GROUP BY 1, 2;
 -- not by forking her failed step S, nor by continuing her failed flow
 SELECT min(id) AS mine FROM secret_ids \gset
-SELECT step_id AS my_s FROM dwarf.step(:mine, 'S') \gset
+SELECT step_id AS my_s FROM dwarf.history(:mine) WHERE task = 'S' \gset
 SELECT dwarf.fork(:my_s, '{}') AS forked_id \gset
 SELECT status, error FROM dwarf.await(:forked_id, '30 s');
 SELECT dwarf.continue(:mine, '{}') AS cont_secret_id \gset

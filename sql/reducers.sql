@@ -1,7 +1,7 @@
 --
 -- reducers: every reducer at a fan-in (branches folded in element order)
 -- and in a chain (each task writes a delta), null ignored for a reduced
--- field, type mismatches fail the flow, and dwarf.fold_changes directly.
+-- field, type mismatches fail the flow, and dwarf_internal.fold_changes directly.
 --
 \set VERBOSITY terse
 CREATE SCHEMA rd;
@@ -77,24 +77,24 @@ SELECT h.task, h.status, h.error FROM dwarf.flow f JOIN dwarf.graph g ON g.id = 
 	   LATERAL dwarf.history(f.id) h WHERE g.name = 'rd_bad_chain';
 -- the same mismatch at a fan-in is in type_mismatch_at_fan_in.sql, which
 -- runs last: it used to crash the server
--- dwarf.fold_changes: the input with each change merged in order
-SELECT dwarf.fold_changes('{"n": 1, "keep": true}',
+-- dwarf_internal.fold_changes: the input with each change merged in order
+SELECT dwarf_internal.fold_changes('{"n": 1, "keep": true}',
 						  ARRAY['{"n": 2, "list": "a"}', '{"n": 3, "list": "b"}', '{"keep": null}']::jsonb[],
 						  '{"n": "add", "list": "append"}');
-SELECT dwarf.fold_changes('{"n": 1}', ARRAY['{"n": 2}', '{"n": 3}']::jsonb[], NULL);
-SELECT dwarf.fold_changes('{"n": 1}', ARRAY[]::jsonb[], '{"n": "add"}');
-SELECT dwarf.fold_changes('{"n": 1}', NULL, '{"n": "add"}');
-SELECT dwarf.fold_changes(NULL, ARRAY['{"n": 2}']::jsonb[], '{}');
+SELECT dwarf_internal.fold_changes('{"n": 1}', ARRAY['{"n": 2}', '{"n": 3}']::jsonb[], NULL);
+SELECT dwarf_internal.fold_changes('{"n": 1}', ARRAY[]::jsonb[], '{"n": "add"}');
+SELECT dwarf_internal.fold_changes('{"n": 1}', NULL, '{"n": "add"}');
+SELECT dwarf_internal.fold_changes(NULL, ARRAY['{"n": 2}']::jsonb[], '{}');
 -- NULL changes (a step that returned nothing) are skipped
-SELECT dwarf.fold_changes('{"n": 1}', ARRAY[NULL, '{"n": 2}']::jsonb[], '{"n": "add"}');
-SELECT dwarf.fold_changes('[1]', ARRAY['{"n": 2}']::jsonb[], '{}');
-SELECT dwarf.fold_changes('{}', ARRAY['{"n": 2}']::jsonb[], '[]');
-SELECT dwarf.fold_changes('{}', ARRAY['{"n": 2}']::jsonb[], '{"n": "sum"}');
+SELECT dwarf_internal.fold_changes('{"n": 1}', ARRAY[NULL, '{"n": 2}']::jsonb[], '{"n": "add"}');
+SELECT dwarf_internal.fold_changes('[1]', ARRAY['{"n": 2}']::jsonb[], '{}');
+SELECT dwarf_internal.fold_changes('{}', ARRAY['{"n": 2}']::jsonb[], '[]');
+SELECT dwarf_internal.fold_changes('{}', ARRAY['{"n": 2}']::jsonb[], '{"n": "sum"}');
 
 -- every reducer on one old value (NULL: the field is absent) and one change
 CREATE FUNCTION rd.fold(reducer text, old jsonb, change jsonb) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
-	RETURN dwarf.fold_changes(CASE WHEN old IS NULL THEN '{}' ELSE jsonb_build_object('f', old) END,
+	RETURN dwarf_internal.fold_changes(CASE WHEN old IS NULL THEN '{}' ELSE jsonb_build_object('f', old) END,
 							  ARRAY[jsonb_build_object('f', change)],
 							  jsonb_build_object('f', reducer))->'f';
 EXCEPTION WHEN OTHERS THEN

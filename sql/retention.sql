@@ -141,7 +141,7 @@ END $$;
 -- Two hours later: the closed flows move with their steps; the interrupted
 -- flows stay, and so does the closed child whose parent still waits.
 SELECT (r ->> 'moved_flows')::int >= 4 AS moved, (r ->> 'more')::boolean AS more
-  FROM dwarf.maintain_at(now() + interval '2 hours') r;
+  FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
 SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
 -- the step rows sit in the day partition of their flow
 SELECT count(*) AS steps_off_their_flows_day
@@ -172,7 +172,7 @@ SELECT b.name,
   FROM rt.before b JOIN rt.flows f USING (name) ORDER BY b.name;
 SELECT status, state, steps FROM dwarf.snapshot((SELECT id FROM rt.flows WHERE name = 'plain'));
 -- each day partition has its own indexes, which the reads of an archived
--- flow use (with sequential scans off, as dwarf.flow_steps has them)
+-- flow use (with sequential scans off, as dwarf_internal.flow_steps has them)
 CREATE FUNCTION rt.uses_index(sql text) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
 	line text;
@@ -193,7 +193,7 @@ SELECT rt.uses_index(format('SELECT * FROM dwarf.flow_all WHERE id = %s', f.id))
 	   rt.uses_index(format('SELECT id FROM dwarf.flow_archive WHERE parent_id = %s', f.id)) AS by_parent
   FROM dwarf.flow_archive f WHERE f.id = (SELECT id FROM rt.flows WHERE name = 'plain');
 RESET enable_seqscan;
-SELECT task, status FROM dwarf.step((SELECT id FROM rt.flows WHERE name = 'plain'), 'B');
+SELECT task, status FROM dwarf.history((SELECT id FROM rt.flows WHERE name = 'plain')) WHERE task = 'B';
 -- list: live and archived together, newest first, and the same cursor
 SELECT array_agg(l.flow_id ORDER BY l.flow_id DESC) = array_agg(l.flow_id ORDER BY ord) AS newest_first,
 	   count(*) FILTER (WHERE l.flow_id IN (SELECT id FROM rt.flows)) AS mine
@@ -214,7 +214,7 @@ SELECT rt.try(format('SELECT dwarf.resume(%s)', (SELECT id FROM rt.flows WHERE n
 
 -- fork from an archived step, continue an archived thread
 INSERT INTO rt.flows
-	SELECT 'forked', dwarf.fork((SELECT step_id FROM dwarf.step((SELECT id FROM rt.flows WHERE name = 'plain'), 'B')),
+	SELECT 'forked', dwarf.fork((SELECT step_id FROM dwarf.history((SELECT id FROM rt.flows WHERE name = 'plain')) WHERE task = 'B'),
 								'{"n": 100}');
 SELECT o.status, o.state FROM dwarf.await((SELECT id FROM rt.flows WHERE name = 'forked')) o;
 INSERT INTO rt.flows SELECT 'continued', dwarf.continue((SELECT id FROM rt.flows WHERE name = 'threaded'), '{"n": 50}');
@@ -231,7 +231,7 @@ SELECT status FROM dwarf.await((SELECT id FROM rt.flows WHERE name = 'continued_
 -- row-level security: another role sees none of it
 ----------------------------------------------------------------------
 SELECT id AS plain_id FROM rt.flows WHERE name = 'plain' \gset
-SELECT partition AS some_day FROM dwarf.archive_days('dwarf.flow_archive') LIMIT 1 \gset
+SELECT partition AS some_day FROM dwarf_internal.archive_days('dwarf.flow_archive') LIMIT 1 \gset
 SET ROLE rt_other;
 SELECT count(*) AS archived_flows, (SELECT count(*) FROM dwarf.step_archive) AS archived_steps
   FROM dwarf.flow_archive;
@@ -258,7 +258,7 @@ SELECT f.name, rt.place(f.id) FROM rt.flows f WHERE f.name IN ('plain', 'failed'
 ----------------------------------------------------------------------
 SELECT (r ->> 'partitions_dropped')::int >= 1 AS dropped,
 	   (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS today_dropped
-  FROM dwarf.maintain_at(now() + interval '2 months') r;
+  FROM dwarf_internal.maintain_at(now() + interval '2 months') r;
 SELECT to_regclass('dwarf.flow_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')) IS NULL AS flow_day_gone,
 	   to_regclass('dwarf.step_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')) IS NULL AS step_day_gone;
 -- A flow that closed on a day already expired is moved into that day (made
@@ -266,17 +266,17 @@ SELECT to_regclass('dwarf.flow_archive_' || to_char(now() AT TIME ZONE 'UTC', 'Y
 INSERT INTO rt.flows SELECT 'late', flow_id FROM dwarf.run('rt_chain', '{}');
 SELECT r -> 'days_made' ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS made_again,
 	   (r ->> 'moved_flows')::int >= 1 AS moved
-  FROM dwarf.maintain_at(now() + interval '2 months') r;
+  FROM dwarf_internal.maintain_at(now() + interval '2 months') r;
 SELECT rt.place(id) FROM rt.flows WHERE name = 'late';
 -- a dry run of the next pass says what it would drop, with how many flows,
 -- and drops nothing
 SELECT (r ->> 'dry_run')::boolean AS dry_run,
 	   (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS would_drop_today,
 	   (r ->> 'flows_in_days_dropped')::int >= 1 AS with_its_flows
-  FROM dwarf.maintain_at(now() + interval '2 months', dry_run => true) r;
+  FROM dwarf_internal.maintain_at(now() + interval '2 months', dry_run => true) r;
 SELECT rt.place(id) FROM rt.flows WHERE name = 'late';
 SELECT (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS dropped_on_the_next_pass
-  FROM dwarf.maintain_at(now() + interval '2 months') r;
+  FROM dwarf_internal.maintain_at(now() + interval '2 months') r;
 SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
 SELECT dwarf.resume((SELECT id FROM rt.flows WHERE name = 'parent'), '"yes"');
 SELECT o.status, o.state -> 'second' AS second FROM dwarf.await((SELECT id FROM rt.flows WHERE name = 'parent')) o;

@@ -1,5 +1,5 @@
 --
--- state_bounds: dwarf.fold_changes folds many changes in one pass, with the
+-- state_bounds: dwarf_internal.fold_changes folds many changes in one pass, with the
 -- same result as folding them one at a time, and is bounded by
 -- dwarf.max_state_size: a fold that would build a larger state fails with
 -- an error that names the setting (SQLSTATE 54000) instead of taking the
@@ -16,7 +16,7 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE c jsonb;
 BEGIN
 	FOREACH c IN ARRAY changes LOOP
-		state := dwarf.fold_changes(state, ARRAY[c], reducers);
+		state := dwarf_internal.fold_changes(state, ARRAY[c], reducers);
 	END LOOP;
 	RETURN state;
 END $$;
@@ -29,42 +29,42 @@ SELECT array_agg(jsonb_build_object(
 		'gone', CASE WHEN i % 2 = 0 THEN 'null'::jsonb ELSE to_jsonb(i) END,
 		'f' || (i % 40), i) ORDER BY i) AS changes
   FROM generate_series(1, 300) i;
-SELECT dwarf.fold_changes('{"keep": 1, "add": 1000, "app": ["start"]}', changes, r)
+SELECT dwarf_internal.fold_changes('{"keep": 1, "add": 1000, "app": ["start"]}', changes, r)
 		 = sb.one_by_one('{"keep": 1, "add": 1000, "app": ["start"]}', changes, r) AS same,
-	   jsonb_array_length(dwarf.fold_changes('{}', changes, r)->'app') AS appended,
-	   dwarf.fold_changes('{}', changes, r)->'uni' AS uni,
-	   dwarf.fold_changes('{}', changes, r)->'mrg' AS mrg,
-	   dwarf.fold_changes('{}', changes, r)->>'add' AS added,
-	   dwarf.fold_changes('{"gone": 1}', changes, r) ? 'gone' AS gone_kept,
-	   (SELECT count(*) FROM jsonb_object_keys(dwarf.fold_changes('{}', changes, r)) k
+	   jsonb_array_length(dwarf_internal.fold_changes('{}', changes, r)->'app') AS appended,
+	   dwarf_internal.fold_changes('{}', changes, r)->'uni' AS uni,
+	   dwarf_internal.fold_changes('{}', changes, r)->'mrg' AS mrg,
+	   dwarf_internal.fold_changes('{}', changes, r)->>'add' AS added,
+	   dwarf_internal.fold_changes('{"gone": 1}', changes, r) ? 'gone' AS gone_kept,
+	   (SELECT count(*) FROM jsonb_object_keys(dwarf_internal.fold_changes('{}', changes, r)) k
 		 WHERE k LIKE 'f%') AS f_fields
   FROM sb.changes,
 	   (SELECT '{"app": "append", "add": "add", "min": "min", "max": "max", "uni": "union",
 				 "mrg": "merge", "and": "and", "or": "or", "cat": "concat"}'::jsonb AS r) r;
 -- a type error still names the reducer and the field, past the first change
-SELECT dwarf.fold_changes('{}', ARRAY['{"n": 1}', '{"n": 2}', '{"n": "x"}']::jsonb[], '{"n": "add"}');
+SELECT dwarf_internal.fold_changes('{}', ARRAY['{"n": 1}', '{"n": 2}', '{"n": "x"}']::jsonb[], '{"n": "add"}');
 
 -- 2. The cap.
 SELECT name, boot_val, unit, context FROM pg_settings WHERE name = 'dwarf.max_state_size';
 -- 100,000 objects fold under the default cap
-SELECT length(dwarf.fold_changes('{}',
+SELECT length(dwarf_internal.fold_changes('{}',
 		 (SELECT array_agg(jsonb_build_object('results', i, 'total', i)) FROM generate_series(1, 100000) i),
 		 '{"results": "append", "total": "add"}')::text) AS folded_length;
 -- and fail under a smaller one, with the setting named
 SET dwarf.max_state_size = '256kB';
-SELECT length(dwarf.fold_changes('{}',
+SELECT length(dwarf_internal.fold_changes('{}',
 		 (SELECT array_agg(jsonb_build_object('results', i, 'total', i)) FROM generate_series(1, 100000) i),
 		 '{"results": "append", "total": "add"}')::text) AS folded_length;
 DO $$
 BEGIN
-	PERFORM dwarf.fold_changes('{}',
+	PERFORM dwarf_internal.fold_changes('{}',
 		(SELECT array_agg(jsonb_build_object('k' || i, repeat('x', 100))) FROM generate_series(1, 10000) i),
 		NULL);
 EXCEPTION WHEN program_limit_exceeded THEN
 	RAISE NOTICE 'program_limit_exceeded: %', SQLERRM;
 END $$;
 -- a state that stays small (replaced, not grown) folds however many changes
-SELECT dwarf.fold_changes('{}',
+SELECT dwarf_internal.fold_changes('{}',
 		 (SELECT array_agg(jsonb_build_object('last', repeat('y', 1000), 'n', i)) FROM generate_series(1, 10000) i),
 		 '{"n": "add"}') ->> 'n' AS n;
 RESET dwarf.max_state_size;

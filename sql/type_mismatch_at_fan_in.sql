@@ -27,7 +27,7 @@ SELECT status, error, state->'joined' AS joined
 SELECT status, error, state->'joined' AS joined
   FROM dwarf.run('tm_fan_in', '{"items": [{"low": 1}, {"low": "x"}]}');
 SELECT count(*) AS join_steps FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-	   LATERAL dwarf.step(f.id, 'Join') WHERE g.name = 'tm_fan_in' AND f.status = 'failed';
+	   LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Join') h WHERE g.name = 'tm_fan_in' AND f.status = 'failed';
 -- the server and its workers go on
 SELECT status, error, state->'flag' AS flag
   FROM dwarf.run('tm_fan_in', '{"items": [{"flag": true}, {"flag": true}]}');

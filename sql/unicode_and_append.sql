@@ -99,7 +99,7 @@ SELECT count(*) FILTER (WHERE (chain).status = 'failed') AS chains_failed,
 	   count(*) FILTER (WHERE (chain).status = 'failed' AND (chain).state ? 'f') AS failed_chain_with_f,
 	   (SELECT count(*) FROM ua.matrix m2, LATERAL dwarf.history((m2.chain).flow_id) h
 		 WHERE (m2.chain).status = 'failed' AND h.status = 'failed' AND h.task <> 'T1') AS failed_later,
-	   (SELECT count(*) FROM ua.matrix m2, LATERAL dwarf.step((m2.fan).flow_id, 'J')
+	   (SELECT count(*) FROM ua.matrix m2, LATERAL (SELECT * FROM dwarf.history((m2.fan).flow_id) WHERE task = 'J') h
 		 WHERE (m2.fan).status = 'failed') AS fan_in_steps_of_failed
   FROM ua.matrix;
 
@@ -152,7 +152,7 @@ DO $$
 DECLARE
 	i int := 0;
 BEGIN
-	WHILE NOT EXISTS (SELECT 1 FROM ua.held, LATERAL dwarf.step(flow_id, 'J')) AND i < 200 LOOP
+	WHILE NOT EXISTS (SELECT 1 FROM ua.held, LATERAL (SELECT * FROM dwarf.history(flow_id) WHERE task = 'J') h) AND i < 200 LOOP
 		PERFORM pg_sleep(0.05);
 		i := i + 1;
 	END LOOP;
@@ -161,18 +161,18 @@ SELECT s.status, s.state->'f' AS snapshot_f, j.changes->'j_saw' AS fan_in_saw,
 	   s.state->'f' = j.changes->'j_saw' AS agrees,
 	   (SELECT max(h.step_id) FILTER (WHERE h.task = 'B1') > max(h.step_id) FILTER (WHERE h.task IN ('B2', 'B3'))
 		  FROM dwarf.history(h.flow_id) h) AS b1_finished_last
-  FROM ua.held h, LATERAL dwarf.snapshot(h.flow_id) s, LATERAL dwarf.step(h.flow_id, 'J') j;
+  FROM ua.held h, LATERAL dwarf.snapshot(h.flow_id) s, LATERAL (SELECT * FROM dwarf.history(h.flow_id) WHERE task = 'J') j;
 SELECT dwarf.cancel(flow_id, 'done looking') FROM ua.held;
 SELECT o.status, o.cancel_reason FROM ua.held, LATERAL dwarf.await(flow_id) o;
 
--- dwarf.fold_changes: append, as in a chain
+-- dwarf_internal.fold_changes: append, as in a chain
 SELECT c AS change,
-	   dwarf.fold_changes('{"f": ["a"]}', ARRAY[jsonb_build_object('f', c::jsonb)], '{"f": "append"}') AS state
+	   dwarf_internal.fold_changes('{"f": ["a"]}', ARRAY[jsonb_build_object('f', c::jsonb)], '{"f": "append"}') AS state
   FROM unnest(ARRAY['"b"', '["b", "c"]', '[["b"]]', '{"b": 1}', 'null', '[]', '[null]',
 					'[["b"], "c", {"d": [1]}]', '[[]]']) c;
 -- a field that was not an array yet, and one that was absent
-SELECT dwarf.fold_changes('{"f": {"k": 1}}', ARRAY['{"f": [2, 3]}']::jsonb[], '{"f": "append"}');
-SELECT dwarf.fold_changes('{}', ARRAY['{"f": null}', '{"f": [[1], 2]}', '{"f": null}', '{"f": [3]}']::jsonb[],
+SELECT dwarf_internal.fold_changes('{"f": {"k": 1}}', ARRAY['{"f": [2, 3]}']::jsonb[], '{"f": "append"}');
+SELECT dwarf_internal.fold_changes('{}', ARRAY['{"f": null}', '{"f": [[1], 2]}', '{"f": null}', '{"f": [3]}']::jsonb[],
 						  '{"f": "append"}');
 
 --
@@ -352,7 +352,7 @@ SELECT h.task, h.status, h.attempt, h.changes->'étapes' AS "étapes"
   FROM ua.world w, LATERAL dwarf.history(w.flow_id) h ORDER BY h.step_id;
 SELECT s.task, s.status, s.signal FROM ua.world w JOIN dwarf.step s ON s.flow_id = w.flow_id
  WHERE s.signal IS NOT NULL ORDER BY s.step_id;
-SELECT st.task, st.status FROM ua.world w, LATERAL dwarf.step(w.flow_id, '👩‍💻') st ORDER BY st.step_id;
+SELECT st.task, st.status FROM ua.world w, LATERAL (SELECT * FROM dwarf.history(w.flow_id) WHERE task = '👩‍💻') st ORDER BY st.step_id;
 -- the Mermaid chart: one quoted label per task, every edge between known nodes
 \pset format unaligned
 \pset tuples_only on

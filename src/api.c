@@ -325,6 +325,31 @@ ErrorColumns(Datum doc, bool isnull, Datum *values, bool *nulls)
 }
 
 /*
+ * The error document of the step that failed a flow, read with a fresh
+ * snapshot (as ReadOutcome reads the flow) by dwarf_internal's
+ * failed_step_error, which only the extension's owner may name: the caller
+ * has just read the flow's row, so it may see the flow's steps too.  Into
+ * *isnull, whether there is none.
+ */
+static Datum
+FailedStepError(int64 flow_id, Datum error, bool *isnull)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[2] = {INT8OID, TEXTOID};
+	Datum		args[2] = {Int64GetDatum(flow_id), error};
+	SavedUser	saved = BecomeOwner();
+
+	if (plan == NULL)
+		plan = PrepareKept("SELECT dwarf_internal.failed_step_error($1, $2)", 2, types);
+	PushActiveSnapshot(GetLatestSnapshot());
+	if (SPI_execute_plan(plan, args, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "dwarf: could not read the failed step of flow " INT64_FORMAT, flow_id);
+	PopActiveSnapshot();
+	RestoreUser(saved);
+	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, isnull);
+}
+
+/*
  * Reads a flow's outcome with a fresh snapshot.  Returns false when the flow
  * is still running.  Errors if the caller cannot see it.  A flow that
  * existed before and is gone was deleted: on completion, when it was
@@ -355,9 +380,7 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 	 */
 	if (plan == NULL)
 		plan = PrepareKept("SELECT id, status, state, error, interrupt_payload, cancel_reason, xmin,"
-						   " delete_on_completion, CASE WHEN status = 'failed'"
-						   " THEN dwarf.failed_step_error(id, error) END"
-						   " FROM dwarf.flow WHERE id = $1", 1, types);
+						   " delete_on_completion FROM dwarf.flow WHERE id = $1", 1, types);
 	PushActiveSnapshot(GetLatestSnapshot());
 	if (SPI_execute_plan(plan, args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not read flow " INT64_FORMAT, flow_id);
@@ -371,9 +394,7 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 	{
 		if (archived_plan == NULL)
 			archived_plan = PrepareKept("SELECT id, status, state, error, interrupt_payload,"
-										" cancel_reason, xmin, delete_on_completion,"
-										" CASE WHEN status = 'failed'"
-										" THEN dwarf.failed_step_error(id, error) END"
+										" cancel_reason, xmin, delete_on_completion"
 										" FROM dwarf.flow_archive WHERE id = $1",
 										1, types);
 		PushActiveSnapshot(GetLatestSnapshot());
@@ -422,7 +443,10 @@ ReadOutcome(Awaited *aw, Datum *values, bool *nulls, bool first)
 			values[i] = SPI_datumTransfer(values[i], TupleDescAttr(desc, i)->attbyval,
 										  TupleDescAttr(desc, i)->attlen);
 	}
-	doc = SPI_getbinval(tup, desc, 9, &isnull);
+	isnull = true;
+	doc = (Datum) 0;
+	if (strcmp(status, "failed") == 0 && !nulls[3])
+		doc = FailedStepError(flow_id, values[3], &isnull);
 	ErrorColumns(doc, isnull, values, nulls);
 	return closed;
 }

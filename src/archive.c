@@ -1,7 +1,7 @@
 /*
  * archive.c
- *		dwarf.archive_steps(): the step half of dwarf.maintain's move.  It
- *		takes the steps of flows whose rows the pass just archived out of
+ *		dwarf_internal.archive_steps(): the step half of dwarf.maintain's
+ *		move.  It takes the steps of flows whose rows the pass just archived out of
  *		dwarf.step and appends them to the day partitions of
  *		dwarf.step_archive, sorted by flow.
  *
@@ -12,7 +12,7 @@
  * fifth off the move's WAL.  The rows' index entries go in through the
  * executor (ExecInsertIndexTuples), as a statement's would, so that any
  * index a day partition has is kept right: its predicate, its uniqueness.
- * The ones dwarf.make_archive_day makes are block-range indexes, which
+ * The ones dwarf_internal.make_archive_day makes are block-range indexes, which
  * cost nothing for rows appended to new pages; the ranges this call filled
  * are summarized before it returns, so that lookups of the flows just
  * archived find their pages at once.
@@ -104,7 +104,7 @@ StepToMoveCmp(const void *a, const void *b)
 
 /*
  * The name of the partition of the day (UTC) a flow closed on, as
- * dwarf.make_archive_day names it (the SQL side of the same scheme).
+ * dwarf_internal.make_archive_day names it (the SQL side of the same scheme).
  */
 static void
 DayPartitionName(TimestampTz closed, char *name)
@@ -225,10 +225,10 @@ CloseDayPartition(DayPartition *part)
 DWARF_FUNCTION(dwarf_archive_steps);
 
 /*
- * dwarf.archive_steps(flow_ids, closed): deletes the steps of those flows
- * from dwarf.step and appends them to the partitions of dwarf.step_archive
- * of the days the flows closed (closed[i] for flow_ids[i]), sorted by flow
- * and step.  Returns how many steps moved.  For dwarf.maintain only, which
+ * dwarf_internal.archive_steps(flow_ids, closed): deletes the steps of
+ * those flows from dwarf.step and appends them to the partitions of
+ * dwarf.step_archive of the days the flows closed (closed[i] for
+ * flow_ids[i]), sorted by flow and step.  Returns how many steps moved.  For dwarf.maintain only, which
  * has moved the flows' rows in the same transaction.
  */
 Datum
@@ -255,7 +255,7 @@ dwarf_archive_steps(PG_FUNCTION_ARGS)
 	if (!superuser() && GetUserId() != DwarfExtensionOwner())
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("dwarf.archive_steps is for dwarf.maintain only")));
+				 errmsg("dwarf_internal.archive_steps is for dwarf.maintain only")));
 
 	deconstruct_array(ids_array, INT8OID, 8, true, TYPALIGN_DOUBLE, &ids, &nulls, &nids);
 	deconstruct_array(closed_array, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE, &closed, NULL,
@@ -263,7 +263,7 @@ dwarf_archive_steps(PG_FUNCTION_ARGS)
 	if (nids != nclosed)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dwarf.archive_steps needs one close time per flow")));
+				 errmsg("dwarf_internal.archive_steps needs one close time per flow")));
 	if (nids == 0)
 		PG_RETURN_INT64(0);
 	flows = palloc(sizeof(ClosedFlow) * nids);

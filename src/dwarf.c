@@ -317,7 +317,7 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("dwarf.max_state_size",
-							"Largest state dwarf.fold_changes and dwarf.state_at build.",
+							"Largest state dwarf.state_at and dwarf.snapshot build.",
 							"A fold that would build a larger state fails with an error that names this setting, before it takes the memory.",
 							&dwarf_max_state_size,
 							65536, 1, MaxAllocSize / 1024,

@@ -175,10 +175,10 @@ enum
 #define STEP_ROWS_SQL \
 	"SELECT token, task, status, changes, goto_task, error, wake_at, attempt," \
 	" started_at, signal FROM dwarf.step WHERE flow_id = $1"
-/* The same, for a flow that may be archived. */
+/* The same, for a flow that may be archived (as the extension's owner). */
 #define STEP_ROWS_ALL_SQL \
 	"SELECT token, task, status, changes, goto_task, error, wake_at, attempt," \
-	" started_at, signal FROM dwarf.flow_steps($1) WHERE true"
+	" started_at, signal FROM dwarf_internal.flow_steps($1) WHERE true"
 extern bool ReplayStepRow(FlowRun *flow, HeapTuple tup, TupleDesc desc);
 
 /* ---------- control.c: the step a task runs in ---------- */

@@ -946,7 +946,7 @@ ParseFanIn(Graph *graph, JsonbValue *fan_in)
 	}
 }
 
-/* "reducers": {"field": "append", ...}; also used by dwarf.fold_changes. */
+/* "reducers": {"field": "append", ...}; also used by fold_changes (merge.c). */
 Reducer *
 ReducersParse(JsonbValue *reducers, int *nreducers)
 {

@@ -1,7 +1,8 @@
 /*
  * merge.c
  *		Flow state: merging a step's changes into a state with the graph's
- *		per-field reducers; and dwarf.fold_changes, the same merge in SQL.
+ *		per-field reducers; and dwarf_internal.fold_changes, the same merge in
+ *		SQL.
  *
  * A state is a JSON object.  A task returns its changes, also an object;
  * each changed field is combined with the old value by the field's reducer
@@ -754,9 +755,9 @@ MergeChanges(Jsonb *state, Jsonb *changes, Reducer *reducers, int nreducers)
 DWARF_FUNCTION(dwarf_fold_changes);
 
 /*
- * dwarf.fold_changes(input, changes[], reducers): input with each change
- * merged in order.  dwarf.snapshot and dwarf.state_at use it for a running
- * flow's state.  Linear in the changes, and bounded by
+ * dwarf_internal.fold_changes(input, changes[], reducers): input with each
+ * change merged in order.  dwarf.snapshot and dwarf.state_at use it for a
+ * running flow's state.  Linear in the changes, and bounded by
  * dwarf.max_state_size: a fold that would build a larger state fails with
  * an error that names the setting, before it takes the memory.
  */

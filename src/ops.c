@@ -667,13 +667,13 @@ DWARF_FUNCTION(dwarf_replay_state);
  * computes it, by replaying its steps (those before before_step) over its
  * input with the worker's own code: a closed flow's final state, or the
  * state its one live branch works on (after a fan-in: the branches folded
- * in branch order).  NULL while several branches run, or for a flow the
- * caller may not see.
+ * in branch order).  NULL while several branches run (or for a NULL id);
+ * a flow the caller may not see is FlowNotFound's error, as everywhere.
  */
 Datum
 dwarf_replay_state(PG_FUNCTION_ARGS)
 {
-	int64		flow_id = PG_GETARG_INT64(0);
+	int64		flow_id;
 	Oid			types[2] = {INT8OID, INT8OID};
 	Datum		args[2];
 	char		nulls[2] = {' ', ' '};
@@ -685,6 +685,9 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 	uint64		i;
 	SavedUser	saved;
 
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	flow_id = PG_GETARG_INT64(0);
 	args[0] = Int64GetDatum(flow_id);
 	if (PG_ARGISNULL(1))
 	{
@@ -697,19 +700,17 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 	Connect();
 	Exec(REPLAY_FLOW_SQL, 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
-	{
-		SPI_finish();
-		PG_RETURN_NULL();
-	}
+		FlowNotFound(flow_id);
 	/*
 	 * The stored definition names its functions qualified; looking them up
-	 * needs no rights of the caller's (replay calls none of them).
+	 * needs no rights of the caller's (replay calls none of them).  The
+	 * steps are read as the owner too, by dwarf_internal's flow_steps, which
+	 * the caller cannot name: it may see them, as it may see the flow.
 	 */
 	saved = BecomeOwner();
 	graph = GraphParse(DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 													Anum_replayflow_definition, &isnull)),
 					   CurrentMemoryContext, false);
-	RestoreUser(saved);
 	flow.id = flow_id;
 	FlowRunCreate(&flow, graph,
 				  GraphStartNode(graph, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
@@ -720,6 +721,7 @@ dwarf_replay_state(PG_FUNCTION_ARGS)
 
 	Exec(STEP_ROWS_ALL_SQL " AND ($2::bigint IS NULL OR step_id < $2) ORDER BY step_id",
 		 2, types, args, nulls, SPI_OK_SELECT);
+	RestoreUser(saved);
 	for (i = 0; i < SPI_processed && flow.status == FLOW_RUNNING; i++)
 		if (!ReplayStepRow(&flow, SPI_tuptable->vals[i], SPI_tuptable->tupdesc))
 			break;

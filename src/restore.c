@@ -1,14 +1,15 @@
 /*
  * restore.c
- *		dwarf.restored(): the workers take in the flows a restore wrote.
+ *		dwarf_internal.restored(): the workers take in the flows a restore
+ *		wrote.
  *
  * pg_dump dumps dwarf's tables and sequences (pg_extension_config_dump),
  * and a restore copies their rows in after its CREATE EXTENSION has
  * started the database's workers.  A worker knows only the flows it was
  * told of (a create's note) or found when it last scanned its tables, so
  * nobody would carry on the restored flows: a sleeping flow would never
- * wake.  dwarf.restored, a statement-level trigger on dwarf.step, asks
- * every worker of the database to scan its tables again, as if its note
+ * wake.  dwarf_internal.restored, a statement-level trigger on dwarf.step,
+ * asks every worker of the database to scan its tables again, as if its note
  * ring had overflowed.  Nothing but a restore writes dwarf.step with a
  * statement: the workers append its rows without the executor's triggers,
  * so the trigger costs the hot path nothing.
@@ -69,7 +70,8 @@ WakeWorkersToScan(int code, Datum arg)
 DWARF_FUNCTION(dwarf_restored);
 
 /*
- * dwarf.restored(): AFTER INSERT ... FOR EACH STATEMENT on dwarf.step.
+ * dwarf_internal.restored(): AFTER INSERT ... FOR EACH STATEMENT on
+ * dwarf.step.
  * Arranges for the workers to scan their tables when this session ends.
  * A scan that finds nothing new costs a worker one query, so a statement
  * that rolled back needs no care.
@@ -80,7 +82,7 @@ dwarf_restored(PG_FUNCTION_ARGS)
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("dwarf.restored() can only be called as a trigger")));
+				 errmsg("dwarf_internal.restored() can only be called as a trigger")));
 	if (!ScanAtExit)
 	{
 		before_shmem_exit(WakeWorkersToScan, (Datum) 0);

@@ -844,7 +844,7 @@ Quantile(const uint64 *buckets, double q, bool *isnull)
 	return Float8GetDatum(BucketUs[STATS_BUCKETS - 2] / 1e6);
 }
 
-/* Columns of dwarf.stats_counters() (see the SQL script). */
+/* Columns of dwarf_internal.stats_counters() (see the SQL script). */
 enum
 {
 	Col_graph,
@@ -884,8 +884,9 @@ PutDurations(Datum *values, bool *nulls, int sum, const uint64 *buckets, uint64 
 DWARF_FUNCTION(dwarf_stats_counters);
 
 /*
- * dwarf.stats_counters(): this database's counters, a row per graph (task
- * NULL: its flows, and its steps of every task) and a row per task of it.
+ * dwarf_internal.stats_counters(): this database's counters, a row per
+ * graph (task NULL: its flows, and its steps of every task) and a row per
+ * task of it.
  * The views dwarf.graph_stats and dwarf.task_stats show them.
  */
 Datum
@@ -1042,8 +1043,8 @@ dwarf_stats_reset(PG_FUNCTION_ARGS)
 DWARF_FUNCTION(dwarf_stats_shared);
 
 /*
- * dwarf.stats_shared(): what dwarf.health reads of shared memory: steps
- * ready in this database's workers' queues, steps waiting for a timer
+ * dwarf_internal.stats_shared(): what dwarf.health reads of shared memory:
+ * steps ready in this database's workers' queues, steps waiting for a timer
  * (in memory, or evicted sleepers), runners busy (every database's, as
  * dwarf.max_runners is for all) and their most, and the steps blamed for
  * ending their process (crashes.c) in this database.

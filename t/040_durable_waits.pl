@@ -169,7 +169,8 @@ is( $node->safe_psql('postgres', q{
 # (a) no sleeper woke early: After started at least 3 s after Nap ended.
 is( $node->safe_psql('postgres', q{
 		SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-		       dwarf.step(f.id, 'Nap') a, dwarf.step(f.id, 'After') b
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Nap') a,
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'After') b
 		 WHERE g.name = 'w_sleep' AND b.started_at >= a.finished_at + '3 s'}),
 	$N, 'every sleeper ran its next step no earlier than its wake time');
 is( $node->safe_psql('postgres', q{
@@ -188,7 +189,8 @@ is( $node->safe_psql('postgres', q{
 	$N, 'every retrying flow has one history row per attempt and the right state');
 is( $node->safe_psql('postgres', q{
 		SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-		       dwarf.step(f.id, 'Flaky') a, dwarf.step(f.id, 'Flaky') b
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Flaky') a,
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Flaky') b
 		 WHERE g.name = 'w_retry' AND b.attempt = a.attempt + 1
 		   AND b.started_at >= a.finished_at + '2 s'}),
 	2 * $N, 'no retry attempt started before its backoff was over');
@@ -196,7 +198,8 @@ is( $node->safe_psql('postgres', q{
 # (d) the children slept, the parents got their final state.
 is( $node->safe_psql('postgres', q{
 		SELECT count(*) FROM dwarf.flow c JOIN dwarf.graph g ON g.id = c.graph_id,
-		       dwarf.step(c.id, 'CNap') a, dwarf.step(c.id, 'CAfter') b
+		       LATERAL (SELECT * FROM dwarf.history(c.id) WHERE task = 'CNap') a,
+		       LATERAL (SELECT * FROM dwarf.history(c.id) WHERE task = 'CAfter') b
 		 WHERE g.name = 'w_child' AND b.started_at >= a.finished_at + '3 s'}),
 	$N, 'every child ran its next step no earlier than its wake time');
 is( $node->safe_psql('postgres', q{
@@ -297,7 +300,8 @@ ok( $node->poll_query_until('postgres', q{
   or diag $node->safe_psql('postgres', "SELECT running, completed, failed, steps_done FROM dwarf.stats");
 is( $node->safe_psql('postgres', q{
 		SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-		       dwarf.step(f.id, 'Nap') a, dwarf.step(f.id, 'After') b
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Nap') a,
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'After') b
 		 WHERE g.name = 'w_idle' AND b.started_at >= a.finished_at + '12 s'}),
 	$NIDLE, 'none of them woke early');
 is( $node->safe_psql('postgres', q{

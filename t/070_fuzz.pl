@@ -856,7 +856,7 @@ $GEN{read} = sub {
 	my $sql = wpick(
 		"SELECT * FROM dwarf.snapshot($id)" => 3,
 		"SELECT * FROM dwarf.history($id)" => 3,
-		"SELECT * FROM dwarf.step($id, " . task_name_lit() . ')' => 2,
+		"SELECT * FROM dwarf.history($id) WHERE task = " . task_name_lit() => 2,
 		"SELECT dwarf.history_mermaid($id)" => 3,
 		"SELECT dwarf.state_at($id, " . (chance(0.5) ? step_id_expr() : 'NULL') . ')' => 2,
 		"SELECT dwarf.replay_state($id" . (chance(0.7) ? ', ' . step_id_expr() : '') . ')' => 2,
@@ -896,7 +896,7 @@ $GEN{fold} = sub {
 		sub { 'NULL' },
 		sub { jlit(O(map { ($_, $REDUCER{$_}) } grep { chance(0.5) } sort keys %REDUCER)) },
 		sub { jlit(pick(O(total => 'sum'), [], 'add', O(total => R(1)), O('' => 'append'))) })->();
-	return [ 'fold', 0, "SELECT dwarf.fold_changes($input, $changes, $red)" ];
+	return [ 'fold', 0, "SELECT dwarf_internal.fold_changes($input, $changes, $red)" ];
 };
 $GEN{composite} = sub {
 	my ($id) = @_;

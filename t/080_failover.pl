@@ -317,12 +317,14 @@ is(scalar @changed, 0,
 # The sleepers completed, none before its wake time (step timestamps).
 is( $standby->safe_psql('side', qq{
 		SELECT count(*) FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-		       dwarf.step(f.id, 'Nap') a, dwarf.step(f.id, 'After') b
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Nap') a,
+		       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'After') b
 		 WHERE g.name = 's' AND f.status = 'completed' AND b.started_at >= a.finished_at + '$NAP'}),
 	$NSLEEP, 'every sleeper completed on the new primary, none before its wake time')
   or diag $standby->safe_psql('side', q{
 	SELECT f.id, a.finished_at, b.started_at FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id,
-	       dwarf.step(f.id, 'Nap') a, dwarf.step(f.id, 'After') b WHERE g.name = 's'});
+	       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'Nap') a,
+	       LATERAL (SELECT * FROM dwarf.history(f.id) WHERE task = 'After') b WHERE g.name = 's'});
 cmp_ok( $standby->safe_psql('side', q{
 		SELECT count(*) FROM public.marks m JOIN dwarf.flow f ON f.id = m.flow_id
 		  JOIN dwarf.graph g ON g.id = f.graph_id

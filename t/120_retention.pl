@@ -88,7 +88,7 @@ SELECT string_agg(concat_ws(' | ', f.id,
          (SELECT a::text FROM dwarf.await(f.id, '5 s') a),
          (SELECT s::text FROM dwarf.snapshot(f.id) s),
          (SELECT jsonb_agg(h ORDER BY h.step_id)::text FROM dwarf.history(f.id) h),
-         (SELECT jsonb_agg(h ORDER BY h.step_id)::text FROM dwarf.step(f.id, 'B') h),
+         (SELECT jsonb_agg(h ORDER BY h.step_id)::text FROM (SELECT * FROM dwarf.history(f.id) WHERE task = 'B') h),
          dwarf.history_mermaid(f.id)), E'\n' ORDER BY f.id)
     || E'\n' || (SELECT string_agg(l::text, E'\n') FROM dwarf.list() l)
   FROM dwarf.flow_all f
@@ -136,7 +136,7 @@ BEGIN
 		PERFORM set_config('dwarf.retention', '1000 days', false);
 	END IF;
 	LOOP
-		r := dwarf.maintain_at(now() + CASE WHEN ahead THEN make_interval(days => least(i / 3, 60))
+		r := dwarf_internal.maintain_at(now() + CASE WHEN ahead THEN make_interval(days => least(i / 3, 60))
 		                                 ELSE '0' END);
 		UPDATE passes p SET n = p.n + 1, moved = p.moved + (r->>'moved_flows')::bigint
 		 WHERE p.session = maintain_loop.session;
@@ -194,9 +194,9 @@ BEGIN
 			UPDATE created SET used = 'delete' WHERE id = fid;
 			deletes := deletes + 1;
 		WHEN 1 THEN
-			SELECT h.step_id INTO sid FROM dwarf.step(fid, 'B') h;
+			SELECT h.step_id INTO sid FROM dwarf.history(fid) h WHERE h.task = 'B';
 			IF sid IS NULL THEN
-				RAISE EXCEPTION 'dwarf.step(%, B) found no step', fid;
+				RAISE EXCEPTION 'dwarf.history(%) has no step of B', fid;
 			END IF;
 			nid := dwarf.fork(sid, '{"forked": true}');
 			INSERT INTO created VALUES (nid, 'fork', fid);
