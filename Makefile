@@ -29,7 +29,6 @@ OBJS = \
 	src/control.o \
 	src/flows.o \
 	src/json.o \
-	src/archive.o \
 	src/restore.o \
 	src/offers.o \
 	src/external.o \

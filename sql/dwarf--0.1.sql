@@ -70,7 +70,7 @@ CREATE TABLE dwarf.flow (
 	tree_flows	int NOT NULL DEFAULT 1,
 	created_at	timestamptz NOT NULL DEFAULT now(),
 	finished_at timestamptz
-) WITH (fillfactor = 90);
+) WITH (fillfactor = 50);
 CREATE UNIQUE INDEX flow_idempotency_key ON dwarf.flow (owner, idempotency_key)
 	WHERE idempotency_key IS NOT NULL;
 CREATE INDEX flow_thread ON dwarf.flow (thread, id) WHERE thread IS NOT NULL;
@@ -111,6 +111,23 @@ CREATE SEQUENCE dwarf.step_seq INCREMENT BY 64;
  * One row per step attempt, appended when the step's transaction commits.
  * This is the only row written per step: the flow's cursor is the set of its
  * steps, so replaying them over the flow's input rebuilds where it stands.
+ *
+ * The step log is written once and never moved.  It is partitioned by
+ * flow id into segments, each the steps of the flows created in a span of
+ * time (dwarf.segment_interval): dwarf.maintain makes the next segments
+ * ahead of the flow ids, hands a segment whose flows have all closed to
+ * dwarf.step_archive by detaching and attaching it (no row is copied), and
+ * drops archived segments past dwarf.retention whole.  A segment has no
+ * updates and no deletes, so autovacuum has nothing to do there and is off.
+ * The default partition takes what no segment covers: every step until
+ * dwarf.maintain first runs, the steps of a flow whose id was handed out
+ * before its segment was archived, and the steps of the few flows still
+ * open in a segment that is archived (moved there, see
+ * dwarf_internal.maintain_at).
+ *
+ * No index spans partitions (pg_dump's output of a segment must restore as
+ * it is, see dwarf.step_archive); each partition has its own, made with it
+ * (dwarf_internal.make_step_segment).
  */
 CREATE TABLE dwarf.step (
 	flow_id		bigint NOT NULL,
@@ -125,10 +142,14 @@ CREATE TABLE dwarf.step (
 	goto_task	text,
 	wake_at		timestamptz,
 	signal		jsonb,
-	error		jsonb,
-	PRIMARY KEY (flow_id, step_id)
-);
-CREATE INDEX step_step_id ON dwarf.step USING brin (step_id);
+	error		jsonb
+) PARTITION BY RANGE (flow_id);
+CREATE TABLE dwarf.step_default (LIKE dwarf.step INCLUDING DEFAULTS);
+CREATE UNIQUE INDEX step_default_pkey ON dwarf.step_default (flow_id, step_id);
+CREATE INDEX step_default_step_id ON dwarf.step_default USING brin (step_id);
+ALTER TABLE dwarf.step ATTACH PARTITION dwarf.step_default DEFAULT;
+COMMENT ON TABLE dwarf.step_default IS
+	'Steps no segment of dwarf.step covers (see dwarf.segment); read them through dwarf.step';
 COMMENT ON TABLE dwarf.step IS
 	'Durable step log: one row per task execution, in execution order per flow';
 COMMENT ON COLUMN dwarf.step.status IS
@@ -149,7 +170,7 @@ COMMENT ON COLUMN dwarf.step.error IS
  * of roles whose privileges it has.  All writes go through the functions
  * below, which check ownership themselves.
  */
-REVOKE ALL ON dwarf.graph, dwarf.flow, dwarf.step FROM PUBLIC;
+REVOKE ALL ON dwarf.graph, dwarf.flow, dwarf.step, dwarf.step_default FROM PUBLIC;
 GRANT SELECT ON dwarf.graph, dwarf.flow, dwarf.step TO PUBLIC;
 ALTER TABLE dwarf.flow ENABLE ROW LEVEL SECURITY;
 ALTER TABLE dwarf.step ENABLE ROW LEVEL SECURITY;
@@ -192,7 +213,7 @@ SELECT pg_catalog.pg_extension_config_dump('dwarf.graph', '');
 SELECT pg_catalog.pg_extension_config_dump('dwarf.graph_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('dwarf.flow', '');
 SELECT pg_catalog.pg_extension_config_dump('dwarf.flow_seq', '');
-SELECT pg_catalog.pg_extension_config_dump('dwarf.step', '');
+SELECT pg_catalog.pg_extension_config_dump('dwarf.step_default', '');
 SELECT pg_catalog.pg_extension_config_dump('dwarf.step_seq', '');
 
 /*
@@ -232,25 +253,30 @@ COMMENT ON FUNCTION dwarf_internal.restored() IS
 	'again and carries on the flows it finds';
 CREATE TRIGGER step_restored AFTER INSERT ON dwarf.step
 	FOR EACH STATEMENT EXECUTE FUNCTION dwarf_internal.restored();
+/* A restore copies the rows into each partition, not through dwarf.step. */
+CREATE TRIGGER step_restored AFTER INSERT ON dwarf.step_default
+	FOR EACH STATEMENT EXECUTE FUNCTION dwarf_internal.restored();
 COMMENT ON TRIGGER step_restored ON dwarf.step IS
 	'Fires for rows written with a statement, which only a restore (pg_restore, psql) does: '
 	'the workers take in the restored flows when its session ends';
 
 /*
- * The archive: closed flows and their steps, moved out of the live tables by
+ * The archive: closed flows, moved out of the live tables by
  * dwarf.maintain() once they have been closed for dwarf.archive_after, and
- * dropped a whole day at a time once older than dwarf.retention.  Both are
- * partitioned by the day (UTC) the flow closed, so a step sits in the same
- * day as its flow and a day goes as one DROP, never as DELETEs.  The
- * partitions are made by dwarf_internal.make_archive_day, each with
- * indexes of its own; nobody is granted them directly, so every read goes
- * through these parents and their row-level security.
+ * the step log's segments whose flows have all closed, handed over whole.
+ * Flows are partitioned by the day (UTC) they closed, made by
+ * dwarf_internal.make_archive_day, each with indexes of its own, and a day
+ * goes as one DROP once older than dwarf.retention.  Steps are partitioned
+ * by flow id as dwarf.step is: a segment detached from dwarf.step is
+ * attached here as it is, and dropped once its newest flow's day has gone.
+ * Nobody is granted the partitions directly, so every read goes through
+ * these parents and their row-level security.
  *
  * The parents have no partitioned indexes, so that pg_dump's output of a
- * day partition restores as it is: attached to a parent with partitioned
+ * partition restores as it is: attached to a parent with partitioned
  * indexes (which CREATE EXTENSION would have made before the restore
- * attaches the day), the partition would get indexes of the same names
- * made for it, and the dump's own CREATE INDEX of them would fail.  A read
+ * attaches the partition), it would get indexes of the same names made
+ * for it, and the dump's own CREATE INDEX of them would fail.  A read
  * through a parent uses each partition's indexes all the same.
  */
 CREATE TABLE dwarf.flow_archive (LIKE dwarf.flow INCLUDING DEFAULTS)
@@ -259,14 +285,11 @@ ALTER TABLE dwarf.flow_archive ALTER COLUMN finished_at SET NOT NULL;
 COMMENT ON TABLE dwarf.flow_archive IS
 	'Closed flows moved out of dwarf.flow by dwarf.maintain(); one partition per day the flow closed (UTC)';
 
-CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS,
-	flow_finished_at timestamptz NOT NULL)
-	PARTITION BY RANGE (flow_finished_at);
+CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS)
+	PARTITION BY RANGE (flow_id);
 COMMENT ON TABLE dwarf.step_archive IS
-	'The steps of the flows in dwarf.flow_archive, in the partition of the day their flow closed; '
-	'read a flow''s steps with dwarf.history(flow_id), which goes to that day only';
-COMMENT ON COLUMN dwarf.step_archive.flow_finished_at IS
-	'When the step''s flow closed: the partition key, the same day as the flow''s row';
+	'The segments of the step log whose flows have all closed, handed over by dwarf.maintain() as they are '
+	'(see dwarf.segment); read a flow''s steps with dwarf.history(flow_id)';
 
 REVOKE ALL ON dwarf.flow_archive, dwarf.step_archive FROM PUBLIC;
 GRANT SELECT ON dwarf.flow_archive, dwarf.step_archive TO PUBLIC;
@@ -275,8 +298,30 @@ ALTER TABLE dwarf.step_archive ENABLE ROW LEVEL SECURITY;
 CREATE POLICY flow_archive_owner ON dwarf.flow_archive FOR SELECT
 	USING (pg_has_role(owner, 'USAGE'));
 CREATE POLICY step_archive_owner ON dwarf.step_archive FOR SELECT
-	USING (EXISTS (SELECT 1 FROM dwarf.flow_archive f
-					WHERE f.id = flow_id AND f.finished_at = flow_finished_at));
+	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id)
+		   OR EXISTS (SELECT 1 FROM dwarf.flow_archive f WHERE f.id = flow_id));
+
+/*
+ * The step log's segments, live (attached to dwarf.step) or archived
+ * (attached to dwarf.step_archive): the flow ids [lo, hi) each covers.
+ * dwarf.maintain makes them and keeps this table; a segment made to cover
+ * ids handed out before any segment did (a gap) starts archived.
+ */
+CREATE TABLE dwarf.segment (
+	lo			bigint PRIMARY KEY,
+	hi			bigint NOT NULL CHECK (hi > lo),
+	relation	name NOT NULL UNIQUE,
+	live		boolean NOT NULL,
+	made_at		timestamptz NOT NULL DEFAULT now(),
+	archived_at timestamptz,
+	newest_close timestamptz
+);
+COMMENT ON TABLE dwarf.segment IS
+	'The partitions of the step log: flow ids [lo, hi), in dwarf.step (live) or dwarf.step_archive; '
+	'newest_close: the latest close of a flow whose steps it holds, which dwarf.retention counts from';
+REVOKE ALL ON dwarf.segment FROM PUBLIC;
+GRANT SELECT ON dwarf.segment TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('dwarf.segment', '');
 
 /*
  * Live and archived together, for every read that takes a flow or step id.
@@ -291,22 +336,20 @@ COMMENT ON VIEW dwarf.flow_all IS 'dwarf.flow and dwarf.flow_archive together';
 CREATE VIEW dwarf.step_all WITH (security_invoker = true) AS
 	SELECT * FROM dwarf.step
 	UNION ALL
-	SELECT flow_id, step_id, token, task, status, attempt, started_at, finished_at,
-		   changes, goto_task, wake_at, signal, error
-	  FROM dwarf.step_archive;
+	SELECT * FROM dwarf.step_archive;
 COMMENT ON VIEW dwarf.step_all IS 'dwarf.step and dwarf.step_archive together';
 GRANT SELECT ON dwarf.flow_all, dwarf.step_all TO PUBLIC;
 
 /*
- * A flow's steps, live or archived.  An archived flow's steps are read from
- * the one day partition its row names, through the block-range index: a
- * scan of dwarf.step_all by flow_id alone would look into every day.  It
- * is a lookup of a few rows, whatever the statistics of a partition still
- * filling up say: no sequential scan, no parallel plan, no JIT.  The
- * function's statements share its caller's snapshot, so a flow that
- * dwarf.maintain moves meanwhile is found in one place or the other.
- * dwarf.history is how a user reads them; this is what it, snapshot,
- * state_at and replay_state read from.
+ * A flow's steps, live or archived: the segment (or default partition) of
+ * dwarf.step or dwarf.step_archive that covers its id.  The statement is
+ * planned for the id at each call (EXECUTE), so that both parents are
+ * pruned to that one partition when planned: a plan for any id would lock
+ * every partition of the archive at each call.  It is a lookup of a few
+ * rows, whatever the statistics of a partition still filling up say: no
+ * sequential scan, no parallel plan, no JIT.  dwarf.history is how a user
+ * reads them; this is what it, snapshot, state_at and replay_state read
+ * from.
  */
 CREATE FUNCTION dwarf_internal.flow_steps(flow_id bigint) RETURNS SETOF dwarf.step
 	LANGUAGE plpgsql STABLE STRICT
@@ -315,19 +358,8 @@ CREATE FUNCTION dwarf_internal.flow_steps(flow_id bigint) RETURNS SETOF dwarf.st
 	SET max_parallel_workers_per_gather = 0
 	SET jit = off
 	AS $$
-DECLARE
-	closed timestamptz;
 BEGIN
-	SELECT f.finished_at INTO closed FROM dwarf.flow_archive f WHERE f.id = flow_steps.flow_id;
-	IF closed IS NULL THEN
-		RETURN QUERY SELECT * FROM dwarf.step s WHERE s.flow_id = flow_steps.flow_id;
-	ELSE
-		RETURN QUERY
-			SELECT s.flow_id, s.step_id, s.token, s.task, s.status, s.attempt, s.started_at,
-				   s.finished_at, s.changes, s.goto_task, s.wake_at, s.signal, s.error
-			  FROM dwarf.step_archive s
-			 WHERE s.flow_id = flow_steps.flow_id AND s.flow_finished_at = closed;
-	END IF;
+	RETURN QUERY EXECUTE format('SELECT * FROM dwarf.step_all s WHERE s.flow_id = %s', flow_steps.flow_id);
 END
 $$;
 COMMENT ON FUNCTION dwarf_internal.flow_steps(bigint) IS
@@ -1107,73 +1139,96 @@ COMMENT ON FUNCTION dwarf_internal.archive_days(regclass) IS
 	'The day partitions of dwarf.flow_archive or dwarf.step_archive, oldest first';
 
 /*
- * Makes the partitions of one day (UTC) in both archive tables, unless they
- * exist; true when it made them.  Each is made as a table of its own, with
- * its indexes, and then attached, which locks the parent only against
- * other DDL (SHARE UPDATE EXCLUSIVE), so reads and moves of the archive go
- * on meanwhile.  Called by dwarf.maintain only, which holds its lock, so
- * two calls never race to make the same day.
- *
- * A day of flows has B-trees: by id (every read of a flow), and the partial
- * ones that dwarf.create's idempotency key, dwarf.list's thread and a
- * parent's children are looked up by.  A day of steps has block-range
- * indexes, not B-trees: dwarf.maintain appends a chunk's steps sorted by
- * flow, so a flow's steps sit on one or two pages whose range of flow ids
- * is narrow, and an append costs no index WAL (a B-tree entry per step
- * would add a quarter to the move's WAL).  A lookup goes to one day
- * partition through the flow's row (see dwarf_internal.flow_steps), and
- * dwarf_internal.archive_steps summarizes the pages it fills as it goes.
+ * Makes the partition of one day (UTC) of dwarf.flow_archive, unless it
+ * exists; true when it made it.  It is made as a table of its own, with its
+ * indexes, and then attached, which locks the parent only against other
+ * DDL (SHARE UPDATE EXCLUSIVE), so reads and moves of the archive go on
+ * meanwhile.  Called by dwarf.maintain only, which holds its lock, so two
+ * calls never race to make the same day.  Its B-trees: by id (every read
+ * of a flow), and the partial ones that dwarf.create's idempotency key,
+ * dwarf.list's thread and a parent's children are looked up by.
  */
 CREATE FUNCTION dwarf_internal.make_archive_day(day date) RETURNS boolean
 	LANGUAGE plpgsql STRICT
 	SET search_path = pg_catalog, pg_temp
 	AS $$
 DECLARE
-	suffix text := to_char(day, 'YYYYMMDD');	/* as DayPartitionName (archive.c) names it */
-	lo text := to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00';
-	hi text := to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00';
-	parent text;
-	part text;
+	part text := 'flow_archive_' || to_char(day, 'YYYYMMDD');
 BEGIN
-	IF to_regclass('dwarf.flow_archive_' || suffix) IS NOT NULL THEN
+	IF to_regclass('dwarf.' || part) IS NOT NULL THEN
 		RETURN false;
 	END IF;
-	FOREACH parent IN ARRAY ARRAY['flow_archive', 'step_archive'] LOOP
-		part := parent || '_' || suffix;
-		EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.%I INCLUDING DEFAULTS)', part, parent);
-		IF parent = 'flow_archive' THEN
-			EXECUTE format('CREATE INDEX %I ON dwarf.%I (id)', part || '_id', part);
-			EXECUTE format('CREATE INDEX %I ON dwarf.%I (owner, idempotency_key)'
-						   ' WHERE idempotency_key IS NOT NULL', part || '_idempotency_key', part);
-			EXECUTE format('CREATE INDEX %I ON dwarf.%I (thread, id) WHERE thread IS NOT NULL',
-						   part || '_thread', part);
-			EXECUTE format('CREATE INDEX %I ON dwarf.%I (parent_id) WHERE parent_id IS NOT NULL',
-						   part || '_parent', part);
-		ELSE
-			EXECUTE format('CREATE INDEX %I ON dwarf.%I USING brin (flow_id)'
-						   ' WITH (pages_per_range = 16)', part || '_flow', part);
-			EXECUTE format('CREATE INDEX %I ON dwarf.%I USING brin (step_id)'
-						   ' WITH (pages_per_range = 16)', part || '_step_id', part);
-		END IF;
-		EXECUTE format('ALTER TABLE dwarf.%I ATTACH PARTITION dwarf.%I FOR VALUES FROM (%L) TO (%L)',
-					   parent, part, lo, hi);
-	END LOOP;
+	EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.flow_archive INCLUDING DEFAULTS)', part);
+	EXECUTE format('CREATE INDEX %I ON dwarf.%I (id)', part || '_id', part);
+	EXECUTE format('CREATE INDEX %I ON dwarf.%I (owner, idempotency_key)'
+				   ' WHERE idempotency_key IS NOT NULL', part || '_idempotency_key', part);
+	EXECUTE format('CREATE INDEX %I ON dwarf.%I (thread, id) WHERE thread IS NOT NULL',
+				   part || '_thread', part);
+	EXECUTE format('CREATE INDEX %I ON dwarf.%I (parent_id) WHERE parent_id IS NOT NULL',
+				   part || '_parent', part);
+	EXECUTE format('ALTER TABLE dwarf.flow_archive ATTACH PARTITION dwarf.%I FOR VALUES FROM (%L) TO (%L)',
+				   part, to_char(day, 'YYYY-MM-DD') || ' 00:00:00+00',
+				   to_char(day + 1, 'YYYY-MM-DD') || ' 00:00:00+00');
 	RETURN true;
 END
 $$;
 REVOKE ALL ON FUNCTION dwarf_internal.make_archive_day(date) FROM PUBLIC;
 COMMENT ON FUNCTION dwarf_internal.make_archive_day(date) IS
-	'For dwarf.maintain: makes the partitions of one day (UTC) of dwarf.flow_archive and dwarf.step_archive, '
-	'with their indexes, unless they exist; true when it made them';
+	'For dwarf.maintain: makes the partition of one day (UTC) of dwarf.flow_archive, with its indexes, '
+	'unless it exists; true when it made it';
 
-CREATE FUNCTION dwarf_internal.archive_steps(flow_ids bigint[], closed timestamptz[]) RETURNS bigint
-	LANGUAGE c STRICT
+/*
+ * Makes a segment of the step log for flow ids [lo, hi), attached to
+ * dwarf.step (live) or to dwarf.step_archive (a gap: ids handed out before
+ * a segment covered them, whose steps wait in dwarf.step_default).  Made
+ * as a table of its own and then attached, as an archive day is, with:
+ * a CHECK constraint on its range, so that attaching it to the archive
+ * later needs no scan; a B-tree on (flow_id, step_id), by which the
+ * workers and dwarf.history read a flow's steps; a block-range index on
+ * step_id for dwarf.step_key lookups, which costs nothing for rows
+ * appended; the restore trigger; and autovacuum off, since its rows are
+ * never updated and only the few of a flow that outlives it are deleted.
+ */
+CREATE FUNCTION dwarf_internal.make_step_segment(lo bigint, hi bigint, live boolean) RETURNS name
+	LANGUAGE plpgsql STRICT
 	SET search_path = pg_catalog, pg_temp
-	AS 'MODULE_PATHNAME', 'dwarf_archive_steps';
-REVOKE ALL ON FUNCTION dwarf_internal.archive_steps(bigint[], timestamptz[]) FROM PUBLIC;
-COMMENT ON FUNCTION dwarf_internal.archive_steps(bigint[], timestamptz[]) IS
-	'For dwarf.maintain: moves the steps of flows it archived (closed[i]: when flow_ids[i] closed) '
-	'into the day partitions of dwarf.step_archive, sorted by flow';
+	AS $$
+DECLARE
+	part name := 'step_' || lo;
+BEGIN
+	EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.step INCLUDING DEFAULTS,'
+				   ' CONSTRAINT %I CHECK (flow_id >= %s AND flow_id < %s))'
+				   ' WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)',
+				   part, part || '_range', lo, hi);
+	EXECUTE format('CREATE UNIQUE INDEX %I ON dwarf.%I (flow_id, step_id)', part || '_pkey', part);
+	EXECUTE format('CREATE INDEX %I ON dwarf.%I USING brin (step_id)', part || '_step_id', part);
+	EXECUTE format('CREATE TRIGGER step_restored AFTER INSERT ON dwarf.%I'
+				   ' FOR EACH STATEMENT EXECUTE FUNCTION dwarf_internal.restored()', part);
+	EXECUTE format('ALTER TABLE dwarf.%I ATTACH PARTITION dwarf.%I FOR VALUES FROM (%s) TO (%s)',
+				   CASE WHEN live THEN 'step' ELSE 'step_archive' END, part, lo, hi);
+	INSERT INTO dwarf.segment (lo, hi, relation, live, archived_at)
+		VALUES (lo, hi, part, live, CASE WHEN live THEN NULL ELSE now() END);
+	RETURN part;
+END
+$$;
+REVOKE ALL ON FUNCTION dwarf_internal.make_step_segment(bigint, bigint, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf_internal.make_step_segment(bigint, bigint, boolean) IS
+	'For dwarf.maintain: makes the segment of the step log for flow ids [lo, hi), live or archived';
+
+CREATE FUNCTION dwarf_internal.flow_id_prefix() RETURNS bigint
+	LANGUAGE c STRICT
+	AS 'MODULE_PATHNAME', 'dwarf_flow_id_prefix';
+COMMENT ON FUNCTION dwarf_internal.flow_id_prefix() IS
+	'The high bits of the flow ids handed out now: dwarf.shard_id and the epoch (the timeline less one)';
+CREATE FUNCTION dwarf_internal.next_flow_id() RETURNS bigint
+	LANGUAGE sql
+	SET search_path = pg_catalog, pg_temp
+	BEGIN ATOMIC
+	SELECT dwarf_internal.flow_id_prefix() | (coalesce(pg_sequence_last_value('dwarf.flow_seq'), 0) + 1);
+	END;
+REVOKE ALL ON FUNCTION dwarf_internal.flow_id_prefix(), dwarf_internal.next_flow_id() FROM PUBLIC;
+COMMENT ON FUNCTION dwarf_internal.next_flow_id() IS
+	'The id the next new flow will get, without taking it (dwarf.maintain makes segments ahead of it)';
 
 /*
  * A pass of dwarf.maintain as if the time were now: what dwarf.maintain()
@@ -1194,6 +1249,7 @@ DECLARE
 	started		timestamptz := clock_timestamp();
 	archive_after interval := current_setting('dwarf.archive_after')::interval;
 	retention	interval := current_setting('dwarf.retention')::interval;
+	span		interval := greatest(current_setting('dwarf.segment_interval')::interval, interval '1 s');
 	cutoff		timestamptz := maintain_at.now - archive_after;
 	today		date := (maintain_at.now AT TIME ZONE 'UTC')::date;
 	/* A day is dropped once all of it is older than the retention. */
@@ -1208,14 +1264,22 @@ DECLARE
 	moved_steps bigint := 0;
 	n_flows		bigint;
 	n_steps		bigint;
-	chunk_ids	bigint[];
-	chunk_closed timestamptz[];
 	made		text[] := '{}';
 	dropped		text[] := '{}';
 	deferred	text[] := '{}';
+	segs_made	text[] := '{}';
+	segs_archived text[] := '{}';
+	segs_dropped text[] := '{}';
+	segs_deferred text[] := '{}';
 	lock_timeout text;
 	more		boolean := false;
 	d			record;
+	g			record;
+	next_id		bigint;
+	prev_hi		bigint;
+	width		bigint;
+	n_open		bigint;
+	n_all		bigint;
 	i			int;
 	result		jsonb;
 BEGIN
@@ -1233,11 +1297,11 @@ BEGIN
 	 * this pass moves, and must not then wait for this pass's DDL.
 	 *
 	 * Expired days go whole.  Dropping a partition takes an exclusive lock
-	 * on both parents, which waits for every transaction reading the archive
+	 * on its parent, which waits for every transaction reading the archive
 	 * and holds up new readers while it waits.  It waits half a second at
-	 * most (less than deadlock_timeout, so that a reader that took the two
-	 * parents in the other order is never the one a deadlock check fails),
-	 * else the day is left to the next pass.
+	 * most (less than deadlock_timeout, so that a reader that took the
+	 * parents in another order is never the one a deadlock check fails),
+	 * else the partition is left to the next pass.
 	 */
 	lock_timeout := current_setting('lock_timeout');
 	FOR d IN SELECT a.day, a.partition FROM dwarf_internal.archive_days('dwarf.flow_archive') a
@@ -1250,8 +1314,7 @@ BEGIN
 		END IF;
 		BEGIN
 			PERFORM set_config('lock_timeout', '500ms', true);
-			EXECUTE format('DROP TABLE IF EXISTS dwarf.%I, %s',
-						   'step_archive_' || to_char(d.day, 'YYYYMMDD'), d.partition);
+			EXECUTE format('DROP TABLE IF EXISTS %s', d.partition);
 			dropped := dropped || to_char(d.day, 'YYYY-MM-DD');
 		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
 			deferred := deferred || to_char(d.day, 'YYYY-MM-DD');
@@ -1259,13 +1322,148 @@ BEGIN
 		PERFORM set_config('lock_timeout', lock_timeout, true);
 	END LOOP;
 
-	/* Today and the next two days, so that moves rarely wait for DDL. */
+	/*
+	 * Steps in dwarf.step_default of flows that have closed, under an
+	 * archived segment: moved there.  They are the steps of flows that
+	 * outlived their segment, or that were created before a segment
+	 * covered them, so few once the segments run ahead.
+	 */
+	IF NOT dry_run THEN
+		WITH gone AS (
+			DELETE FROM dwarf.step_default x
+			 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
+								WHERE f.id = x.flow_id AND f.status IN ('running', 'interrupted'))
+			   AND EXISTS (SELECT 1 FROM dwarf.segment s
+							WHERE NOT s.live AND x.flow_id >= s.lo AND x.flow_id < s.hi)
+			RETURNING x.*),
+		 put AS (INSERT INTO dwarf.step_archive SELECT * FROM gone RETURNING flow_id)
+		SELECT count(*) INTO n_steps FROM put;
+		IF n_steps > 0 THEN
+			moved_steps := moved_steps + n_steps;
+			UPDATE dwarf.segment s SET newest_close = greatest(s.newest_close, maintain_at.now)
+			 WHERE NOT s.live AND EXISTS (SELECT 1 FROM dwarf.flow_all f
+										   WHERE f.id >= s.lo AND f.id < s.hi
+											 AND f.finished_at > coalesce(s.newest_close, '-infinity'));
+		END IF;
+	END IF;
+
+	/*
+	 * Archived segments of the step log go once the newest of their flows
+	 * closed on a day now dropped, and none of their flows is open (one
+	 * that outlived its segment has its steps in dwarf.step_default, and
+	 * more may come there to be archived into this segment).
+	 */
+	FOR g IN SELECT * FROM dwarf.segment s
+			  WHERE NOT s.live
+				AND (coalesce(s.newest_close, s.archived_at) AT TIME ZONE 'UTC')::date < expired_before
+				AND NOT EXISTS (SELECT 1 FROM dwarf.flow f
+								 WHERE f.id >= s.lo AND f.id < s.hi
+								   AND f.status IN ('running', 'interrupted'))
+			  ORDER BY s.lo LOOP
+		IF dry_run THEN
+			segs_dropped := segs_dropped || g.relation::text;
+			CONTINUE;
+		END IF;
+		BEGIN
+			PERFORM set_config('lock_timeout', '500ms', true);
+			EXECUTE format('DROP TABLE IF EXISTS dwarf.%I', g.relation);
+			DELETE FROM dwarf.segment WHERE lo = g.lo;
+			segs_dropped := segs_dropped || g.relation::text;
+		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+			segs_deferred := segs_deferred || g.relation::text;
+		END;
+		PERFORM set_config('lock_timeout', lock_timeout, true);
+	END LOOP;
+
+	/* Today's flow partition and the next two days', so that moves rarely wait for DDL. */
 	FOR i IN 0 .. 2 LOOP
 		IF today + i >= expired_before AND
 			(CASE WHEN dry_run THEN to_regclass('dwarf.flow_archive_' || to_char(today + i, 'YYYYMMDD')) IS NULL
 				  ELSE dwarf_internal.make_archive_day(today + i) END) THEN
 			made := made || to_char(today + i, 'YYYY-MM-DD');
 		END IF;
+	END LOOP;
+
+	/*
+	 * The step log's segments ahead of the flow ids: the one the next flow
+	 * goes to and the one after it, each as wide as the flows created in
+	 * dwarf.segment_interval at the rate of the current one.  Where none
+	 * covers the next id (the first pass; ids that outran the segments
+	 * while no pass ran; a promotion, which moves ids to a new epoch), a
+	 * new run of segments starts at it, and a segment in the archive covers
+	 * the ids before it that none did, for their steps in
+	 * dwarf.step_default to be archived into.
+	 */
+	next_id := dwarf_internal.next_flow_id();
+	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
+	IF NOT FOUND AND NOT dry_run THEN
+		width := greatest(4096, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
+		prev_hi := coalesce((SELECT max(s.hi) FROM dwarf.segment s), 0);
+		IF prev_hi < next_id THEN
+			segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, next_id, false)::text;
+		END IF;
+		segs_made := segs_made || dwarf_internal.make_step_segment(next_id, next_id + width, true)::text;
+		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
+	END IF;
+	IF FOUND AND NOT dry_run AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
+		width := greatest(4096, ((next_id - g.lo) * extract(epoch FROM span)
+								 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
+		segs_made := segs_made || dwarf_internal.make_step_segment(g.hi, g.hi + width, true)::text;
+	END IF;
+
+	/*
+	 * Live segments that no new flow goes to any more, to the archive.  One
+	 * whose flows have all closed is detached and attached to the archive
+	 * as it is.  One that has spanned twice its interval with a few flows
+	 * still open goes too, the steps of those few moved to
+	 * dwarf.step_default first (the only steps ever moved).  Detaching
+	 * takes an exclusive lock on dwarf.step, which waits for the workers'
+	 * transactions in progress (a batch: milliseconds) and holds up their
+	 * next ones for as long as the handover takes (no rows are read);
+	 * it waits half a second at most, else the segment waits for the next
+	 * pass.
+	 */
+	FOR g IN SELECT * FROM dwarf.segment s WHERE s.live AND s.hi <= next_id ORDER BY s.lo LOOP
+		SELECT count(*) FILTER (WHERE f.status IN ('running', 'interrupted')), count(*)
+		  INTO n_open, n_all
+		  FROM dwarf.flow f WHERE f.id >= g.lo AND f.id < g.hi;
+		CONTINUE WHEN n_open > 0 AND (g.made_at > maintain_at.now - 2 * span
+									  OR n_open > greatest(100, n_all / 100));
+		IF dry_run THEN
+			segs_archived := segs_archived || g.relation::text;
+			CONTINUE;
+		END IF;
+		BEGIN
+			PERFORM set_config('lock_timeout', '500ms', true);
+			LOCK TABLE dwarf.step IN ACCESS EXCLUSIVE MODE;
+			PERFORM set_config('lock_timeout', lock_timeout, true);
+			EXECUTE format('ALTER TABLE dwarf.step DETACH PARTITION dwarf.%I', g.relation);
+			IF n_open > 0 THEN
+				/*
+				 * Detached, the segment no longer covers its ids in
+				 * dwarf.step, so the open flows' steps go to its default
+				 * partition; dwarf's own move, not a restore, so without
+				 * the restore trigger's rescan.
+				 */
+				PERFORM set_config('session_replication_role', 'replica', true);
+				EXECUTE format('WITH gone AS (DELETE FROM dwarf.%I s USING dwarf.flow f'
+							   ' WHERE f.id = s.flow_id AND f.status IN (''running'', ''interrupted'')'
+							   ' RETURNING s.*) INSERT INTO dwarf.step SELECT * FROM gone', g.relation);
+				GET DIAGNOSTICS n_steps = ROW_COUNT;
+				PERFORM set_config('session_replication_role', 'origin', true);
+				moved_steps := moved_steps + n_steps;
+			END IF;
+			EXECUTE format('ALTER TABLE dwarf.step_archive ATTACH PARTITION dwarf.%I FOR VALUES FROM (%s) TO (%s)',
+						   g.relation, g.lo, g.hi);
+			UPDATE dwarf.segment s SET live = false, archived_at = maintain_at.now,
+				   newest_close = (SELECT max(f.finished_at) FROM dwarf.flow_all f
+									WHERE f.id >= g.lo AND f.id < g.hi)
+			 WHERE s.lo = g.lo;
+			segs_archived := segs_archived || g.relation::text;
+		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+			segs_deferred := segs_deferred || g.relation::text;
+		END;
+		PERFORM set_config('lock_timeout', lock_timeout, true);
 	END LOOP;
 
 	/*
@@ -1305,21 +1503,21 @@ BEGIN
 		RETURN jsonb_build_object(
 			'dry_run', true,
 			'moved_flows', coalesce(cardinality(ids), 0),
-			'moved_steps', (SELECT count(*) FROM dwarf.step s WHERE s.flow_id = ANY (ids)),
 			'partitions_made', cardinality(made),
 			'partitions_dropped', cardinality(dropped),
 			'days_made', to_jsonb(made),
 			'days_dropped', to_jsonb(dropped),
 			'flows_in_days_dropped', dropped_flows,
+			'segments_archived', to_jsonb(segs_archived),
+			'segments_dropped', to_jsonb(segs_dropped),
 			'more', more,
 			'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
 	END IF;
 
 	/*
-	 * Moved in chunks: the flows' rows in one statement, then their steps
-	 * (dwarf_internal.archive_steps, sorted by flow for the block-range indexes).
-	 * Flows locked by someone else (dwarf.delete, dwarf.continue) are
-	 * skipped: the next pass takes them.
+	 * Flow rows are moved in chunks, in one statement each.  Flows locked
+	 * by someone else (dwarf.delete, dwarf.continue) are skipped: the next
+	 * pass takes them.
 	 */
 	i := 1;
 	WHILE i <= coalesce(cardinality(ids), 0) LOOP
@@ -1333,14 +1531,9 @@ BEGIN
 			   AND status IN ('completed', 'failed', 'cancelled')
 			   FOR UPDATE SKIP LOCKED),
 		 gone AS (DELETE FROM dwarf.flow f USING picked p WHERE f.id = p.id RETURNING f.*),
-		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING id, finished_at)
-		SELECT array_agg(id), array_agg(finished_at) INTO chunk_ids, chunk_closed FROM flows;
-		n_flows := coalesce(cardinality(chunk_ids), 0);
-		IF n_flows > 0 THEN
-			n_steps := dwarf_internal.archive_steps(chunk_ids, chunk_closed);
-			moved_flows := moved_flows + n_flows;
-			moved_steps := moved_steps + n_steps;
-		END IF;
+		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING id)
+		SELECT count(*) INTO n_flows FROM flows;
+		moved_flows := moved_flows + n_flows;
 		i := i + chunk;
 	END LOOP;
 
@@ -1352,6 +1545,10 @@ BEGIN
 		'days_made', to_jsonb(made),
 		'days_dropped', to_jsonb(dropped),
 		'days_left_for_next_pass', to_jsonb(deferred),
+		'segments_made', to_jsonb(segs_made),
+		'segments_archived', to_jsonb(segs_archived),
+		'segments_dropped', to_jsonb(segs_dropped),
+		'segments_left_for_next_pass', to_jsonb(segs_deferred),
 		'more', more,
 		'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
 	INSERT INTO dwarf.maintain_log VALUES (started, clock_timestamp() - started, maintain_at.now, result);
@@ -1382,17 +1579,20 @@ COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 	'(GRANT EXECUTE, and USAGE on schema dwarf, to an operator role); schedule it with pg_cron';
 
 CREATE VIEW dwarf.storage AS
-	SELECT pg_total_relation_size('dwarf.flow') AS live_flow_bytes,
-		   pg_total_relation_size('dwarf.step') AS live_step_bytes,
+	SELECT (SELECT pg_total_relation_size('dwarf.flow')) AS live_flow_bytes,
+		   (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
+			  FROM pg_partition_tree('dwarf.step') t WHERE t.isleaf) AS live_step_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(a.partition)), 0)
 			  FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS archive_flow_bytes,
-		   (SELECT coalesce(sum(pg_total_relation_size(a.partition)), 0)
-			  FROM dwarf_internal.archive_days('dwarf.step_archive') a) AS archive_step_bytes,
+		   (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
+			  FROM pg_partition_tree('dwarf.step_archive') t WHERE t.isleaf) AS archive_step_bytes,
 		   (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
-			  FROM dwarf_internal.archive_days('dwarf.step_archive') a JOIN pg_class c ON c.oid = a.partition)
-			 AS archive_steps_estimate,
+			  FROM pg_partition_tree('dwarf.step_archive') t JOIN pg_class c ON c.oid = t.relid
+			 WHERE t.isleaf) AS archive_steps_estimate,
 		   (SELECT count(*) FROM dwarf_internal.archive_days('dwarf.flow_archive')) AS archive_days,
 		   (SELECT min(a.day) FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS oldest_archived_day,
+		   (SELECT count(*) FROM dwarf.segment s WHERE s.live) AS live_segments,
+		   (SELECT count(*) FROM dwarf.segment s WHERE NOT s.live) AS archived_segments,
 		   l.started_at AS last_maintain_at,
 		   l.took AS last_maintain_took,
 		   l.result AS last_maintain

@@ -283,6 +283,17 @@ _PG_init(void)
 							   0,
 							   check_archive_interval, NULL, NULL);
 
+	DefineCustomStringVariable("dwarf.segment_interval",
+							   "How long the flows whose steps share one partition of the step log take to be created.",
+							   "dwarf.maintain makes each segment of dwarf.step as wide as the flows created in this "
+							   "interval at the current rate, archives it whole once its flows have closed and drops it "
+							   "after dwarf.retention: the step log has about retention / interval archived partitions.",
+							   &dwarf_segment_interval,
+							   "1 hour",
+							   PGC_USERSET,
+							   0,
+							   check_archive_interval, NULL, NULL);
+
 	DefineCustomStringVariable("dwarf.retention",
 							   "How long archived flows are kept; dwarf.maintain drops the days older than this.",
 							   "An interval, such as '30 days'. Days are dropped whole, never deleted row by row.",

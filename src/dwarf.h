@@ -41,6 +41,7 @@ extern int	dwarf_step_crashes;
 extern int	dwarf_max_step_time;	/* ms a step may run in a runner; 0: no limit */
 extern char *dwarf_archive_after;
 extern char *dwarf_retention;
+extern char *dwarf_segment_interval;
 extern int	dwarf_max_flow_steps;
 extern int	dwarf_max_for_each;
 extern int	dwarf_max_state_size;	/* kB a folded state may take */

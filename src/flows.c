@@ -356,6 +356,20 @@ NewFlowId(void)
 		((int64) ((GetWALInsertionTimeLine() - 1) & 0xFF) << DWARF_EPOCH_SHIFT) | value;
 }
 
+DWARF_FUNCTION(dwarf_flow_id_prefix);
+
+/*
+ * dwarf_internal.flow_id_prefix(): the high bits of the ids NewFlowId gives
+ * now (shard and epoch), for dwarf_internal.next_flow_id.
+ */
+Datum
+dwarf_flow_id_prefix(PG_FUNCTION_ARGS)
+{
+	CheckNotStandby("dwarf_internal.flow_id_prefix");
+	PG_RETURN_INT64(((int64) dwarf_shard_id << DWARF_SHARD_SHIFT) |
+					((int64) ((GetWALInsertionTimeLine() - 1) & 0xFF) << DWARF_EPOCH_SHIFT));
+}
+
 /*
  * The error of every function that takes a flow id, for one the caller
  * cannot see, live or archived: "flow N does not exist".  Its hint says

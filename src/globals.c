@@ -22,6 +22,7 @@ int			dwarf_step_crashes = 3;
 int			dwarf_max_step_time = 3600000;
 char	   *dwarf_archive_after = NULL;
 char	   *dwarf_retention = NULL;
+char	   *dwarf_segment_interval = NULL;
 int			dwarf_max_flow_steps = 250000;
 int			dwarf_max_for_each = 100000;
 int			dwarf_max_state_size = 65536;

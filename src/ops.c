@@ -479,8 +479,7 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	" steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))," \
 	" archived AS (DELETE FROM dwarf.flow_archive WHERE id IN (SELECT id FROM tree)" \
 	"  RETURNING id, finished_at)," \
-	" archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a" \
-	"  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at)," \
+	" archived_steps AS (DELETE FROM dwarf.step_archive WHERE flow_id IN (SELECT id FROM tree))," \
 	" live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id)" \
 	" SELECT id FROM live UNION ALL SELECT id FROM archived"
 
@@ -604,8 +603,8 @@ dwarf_purge(PG_FUNCTION_ARGS)
 		 "   WHERE finished_at < now() - $1"
 		 "     AND (owner::oid = $2 OR $3 AND pg_has_role($2, owner, 'USAGE'))"
 		 "  RETURNING id, finished_at),"
-		 " archived_steps AS (DELETE FROM dwarf.step_archive s USING archived a"
-		 "  WHERE s.flow_id = a.id AND s.flow_finished_at = a.finished_at)"
+		 " archived_steps AS (DELETE FROM dwarf.step_archive s"
+		 "  WHERE s.flow_id IN (SELECT id FROM gone UNION ALL SELECT id FROM archived))"
 		 " SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM archived)",
 		 3, types, args, NULL, SPI_OK_SELECT);
 	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
