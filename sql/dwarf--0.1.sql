@@ -1322,59 +1322,6 @@ BEGIN
 		PERFORM set_config('lock_timeout', lock_timeout, true);
 	END LOOP;
 
-	/*
-	 * Steps in dwarf.step_default of flows that have closed, under an
-	 * archived segment: moved there.  They are the steps of flows that
-	 * outlived their segment, or that were created before a segment
-	 * covered them, so few once the segments run ahead.
-	 */
-	IF NOT dry_run THEN
-		WITH gone AS (
-			DELETE FROM dwarf.step_default x
-			 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
-								WHERE f.id = x.flow_id AND f.status IN ('running', 'interrupted'))
-			   AND EXISTS (SELECT 1 FROM dwarf.segment s
-							WHERE NOT s.live AND x.flow_id >= s.lo AND x.flow_id < s.hi)
-			RETURNING x.*),
-		 put AS (INSERT INTO dwarf.step_archive SELECT * FROM gone RETURNING flow_id)
-		SELECT count(*) INTO n_steps FROM put;
-		IF n_steps > 0 THEN
-			moved_steps := moved_steps + n_steps;
-			UPDATE dwarf.segment s SET newest_close = greatest(s.newest_close, maintain_at.now)
-			 WHERE NOT s.live AND EXISTS (SELECT 1 FROM dwarf.flow_all f
-										   WHERE f.id >= s.lo AND f.id < s.hi
-											 AND f.finished_at > coalesce(s.newest_close, '-infinity'));
-		END IF;
-	END IF;
-
-	/*
-	 * Archived segments of the step log go once the newest of their flows
-	 * closed on a day now dropped, and none of their flows is open (one
-	 * that outlived its segment has its steps in dwarf.step_default, and
-	 * more may come there to be archived into this segment).
-	 */
-	FOR g IN SELECT * FROM dwarf.segment s
-			  WHERE NOT s.live
-				AND (coalesce(s.newest_close, s.archived_at) AT TIME ZONE 'UTC')::date < expired_before
-				AND NOT EXISTS (SELECT 1 FROM dwarf.flow f
-								 WHERE f.id >= s.lo AND f.id < s.hi
-								   AND f.status IN ('running', 'interrupted'))
-			  ORDER BY s.lo LOOP
-		IF dry_run THEN
-			segs_dropped := segs_dropped || g.relation::text;
-			CONTINUE;
-		END IF;
-		BEGIN
-			PERFORM set_config('lock_timeout', '500ms', true);
-			EXECUTE format('DROP TABLE IF EXISTS dwarf.%I', g.relation);
-			DELETE FROM dwarf.segment WHERE lo = g.lo;
-			segs_dropped := segs_dropped || g.relation::text;
-		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-			segs_deferred := segs_deferred || g.relation::text;
-		END;
-		PERFORM set_config('lock_timeout', lock_timeout, true);
-	END LOOP;
-
 	/* Today's flow partition and the next two days', so that moves rarely wait for DDL. */
 	FOR i IN 0 .. 2 LOOP
 		IF today + i >= expired_before AND
@@ -1397,7 +1344,7 @@ BEGIN
 	next_id := dwarf_internal.next_flow_id();
 	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	IF NOT FOUND AND NOT dry_run THEN
-		width := greatest(4096, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
+		width := greatest(64, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
 		prev_hi := coalesce((SELECT max(s.hi) FROM dwarf.segment s), 0);
 		IF prev_hi < next_id THEN
 			segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, next_id, false)::text;
@@ -1406,7 +1353,7 @@ BEGIN
 		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	END IF;
 	IF FOUND AND NOT dry_run AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
-		width := greatest(4096, ((next_id - g.lo) * extract(epoch FROM span)
+		width := greatest(64, ((next_id - g.lo) * extract(epoch FROM span)
 								 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
 		segs_made := segs_made || dwarf_internal.make_step_segment(g.hi, g.hi + width, true)::text;
 	END IF;
@@ -1460,6 +1407,59 @@ BEGIN
 									WHERE f.id >= g.lo AND f.id < g.hi)
 			 WHERE s.lo = g.lo;
 			segs_archived := segs_archived || g.relation::text;
+		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+			segs_deferred := segs_deferred || g.relation::text;
+		END;
+		PERFORM set_config('lock_timeout', lock_timeout, true);
+	END LOOP;
+
+	/*
+	 * Steps in dwarf.step_default of flows that have closed, under an
+	 * archived segment: moved there.  They are the steps of flows that
+	 * outlived their segment, or that were created before a segment
+	 * covered them, so few once the segments run ahead.
+	 */
+	IF NOT dry_run THEN
+		WITH gone AS (
+			DELETE FROM dwarf.step_default x
+			 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
+								WHERE f.id = x.flow_id AND f.status IN ('running', 'interrupted'))
+			   AND EXISTS (SELECT 1 FROM dwarf.segment s
+							WHERE NOT s.live AND x.flow_id >= s.lo AND x.flow_id < s.hi)
+			RETURNING x.*),
+		 put AS (INSERT INTO dwarf.step_archive SELECT * FROM gone RETURNING flow_id)
+		SELECT count(*) INTO n_steps FROM put;
+		IF n_steps > 0 THEN
+			moved_steps := moved_steps + n_steps;
+			UPDATE dwarf.segment s SET newest_close = greatest(s.newest_close, maintain_at.now)
+			 WHERE NOT s.live AND EXISTS (SELECT 1 FROM dwarf.flow_all f
+										   WHERE f.id >= s.lo AND f.id < s.hi
+											 AND f.finished_at > coalesce(s.newest_close, '-infinity'));
+		END IF;
+	END IF;
+
+	/*
+	 * Archived segments of the step log go once the newest of their flows
+	 * closed on a day now dropped, and none of their flows is open (one
+	 * that outlived its segment has its steps in dwarf.step_default, and
+	 * more may come there to be archived into this segment).
+	 */
+	FOR g IN SELECT * FROM dwarf.segment s
+			  WHERE NOT s.live
+				AND (coalesce(s.newest_close, s.archived_at) AT TIME ZONE 'UTC')::date < expired_before
+				AND NOT EXISTS (SELECT 1 FROM dwarf.flow f
+								 WHERE f.id >= s.lo AND f.id < s.hi
+								   AND f.status IN ('running', 'interrupted'))
+			  ORDER BY s.lo LOOP
+		IF dry_run THEN
+			segs_dropped := segs_dropped || g.relation::text;
+			CONTINUE;
+		END IF;
+		BEGIN
+			PERFORM set_config('lock_timeout', '500ms', true);
+			EXECUTE format('DROP TABLE IF EXISTS dwarf.%I', g.relation);
+			DELETE FROM dwarf.segment WHERE lo = g.lo;
+			segs_dropped := segs_dropped || g.relation::text;
 		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
 			segs_deferred := segs_deferred || g.relation::text;
 		END;

@@ -1,0 +1,215 @@
+# Copyright: dwarf project.
+#
+# 189_step_segments.pl: the step log is written once.  dwarf.step is
+# partitioned by flow id into segments that dwarf.maintain makes ahead of
+# the ids, hands to dwarf.step_archive whole once their flows have closed
+# (the same table, detached and attached: no row copied) and drops after
+# dwarf.retention; the few steps of flows that outlive their segment are
+# the only ones moved.
+#
+#  1. Before any pass every step goes to dwarf.step_default; the first pass
+#     makes a live segment at the next flow id, one after it, and an
+#     archived one for the ids before, into which the default's steps of
+#     closed flows move.
+#  2. Flows created then write their steps into their segment (the
+#     workers route each row by its flow id).
+#  3. Once the ids have passed a segment and its flows have all closed, a
+#     pass hands it to the archive: the same relation (its relfilenode is
+#     unchanged), its rows in place, no step moved, dwarf.history reads
+#     them.
+#  4. A segment whose flows are closed but one (interrupted) waits; once it
+#     has spanned twice dwarf.segment_interval it goes too, and that flow's
+#     steps move to dwarf.step_default, where its next steps go; when it
+#     closes, a pass moves them into the archived segment.  Its history is
+#     whole throughout.
+#  5. dwarf.maintain_at past the retention drops the archived segments
+#     whole, not while a flow of theirs is open.
+#  6. A segment has autovacuum off and a CHECK constraint on its range;
+#     dwarf.storage counts the live and archived segments.
+#
+# Every wait polls with a deadline; nothing is timed.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+use FindBin;
+use lib $FindBin::Bin;
+use DwarfTest;
+
+my $t0   = time;
+my $node = new_node('segments', 'dwarf.segment_interval' => "'1 s'",
+	'dwarf.archive_after' => "'1 h'");
+
+$node->safe_psql('postgres', q{
+CREATE EXTENSION dwarf;
+CREATE SCHEMA app;
+CREATE FUNCTION app.one(s jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"n": 1}'::jsonb $$;
+CREATE FUNCTION app.ask(s jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+	IF dwarf.interrupt('{"why": "approval"}') IS NULL THEN RETURN NULL; END IF;
+	RETURN '{"n": 1}';
+END $$;
+SELECT dwarf.define('three', '{"tasks": {"A": "app.one", "B": "app.one", "C": "app.one"},
+  "transitions": [{"chain": ["A", "B", "C", "END"]}], "reducers": {"n": "add"}}');
+SELECT dwarf.define('asks', '{"tasks": {"A": "app.one", "Q": "app.ask", "C": "app.one"},
+  "transitions": [{"chain": ["A", "Q", "C", "END"]}], "reducers": {"n": "add"}}');
+});
+wait_for_workers($node, 'the workers run');
+
+# create_and_wait($n): $n flows of graph "three", waited for; their ids.
+sub create_and_wait
+{
+	my ($n) = @_;
+	my $ids = $node->safe_psql('postgres',
+		"SELECT string_agg(dwarf.create('three', '{}')::text, ',') FROM generate_series(1, $n)");
+	ok( $node->poll_query_until('postgres',
+			"SELECT count(*) FROM dwarf.flow WHERE id IN ($ids) AND status = 'completed'", $n),
+		"$n flows complete");
+	return $ids;
+}
+
+# 1. Before any pass: the default partition.
+my $early = create_and_wait(20);
+is( $node->safe_psql('postgres', qq{
+SELECT string_agg(DISTINCT tableoid::regclass::text, ',') || ' ' || count(*)
+  FROM dwarf.step WHERE flow_id IN ($early)}),
+	'dwarf.step_default 60', 'before any pass, the steps are in dwarf.step_default');
+
+my $pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
+note "first pass: $pass";
+is( $node->safe_psql('postgres', q{
+SELECT string_agg(live::text, ',' ORDER BY lo) || ' '
+       || bool_and(hi > lo) || ' '
+       || (SELECT count(*) FROM dwarf.segment s WHERE s.live
+              AND s.lo <= dwarf_internal.next_flow_id() AND dwarf_internal.next_flow_id() < s.hi)
+  FROM dwarf.segment}),
+	'false,true,true true 1',
+	'the first pass made an archived segment for the ids before, the live one the next flow goes to, and one after it');
+is( $node->safe_psql('postgres', qq{
+SELECT (SELECT count(*) FROM dwarf.step_default) || ' '
+       || (SELECT count(*) FROM dwarf.step_archive WHERE flow_id IN ($early))}),
+	'0 60', 'the default partition\'s steps of closed flows moved into the archived segment');
+
+# 2. New flows write into their live segment.
+my $batch1 = create_and_wait(30);
+is( $node->safe_psql('postgres', qq{
+SELECT count(*) || ' ' || bool_and(g.live) || ' ' || count(DISTINCT g.relation)
+  FROM dwarf.step s
+  JOIN dwarf.segment g ON g.relation = s.tableoid::regclass::text
+ WHERE s.flow_id IN ($batch1)}),
+	'90 true 1', 'the steps of flows created later are in their live segment');
+
+# A flow that parks: it will outlive its segment.
+my $parked = $node->safe_psql('postgres', q{SELECT dwarf.create('asks', '{}')});
+ok( $node->poll_query_until('postgres',
+		"SELECT status FROM dwarf.flow WHERE id = $parked", 'interrupted'),
+	'a flow of graph "asks" parks on its interrupt');
+
+# 3. Enough flows to pass the current segment and the one after it.
+my ($seg1, $seg1_node) = split /\|/, $node->safe_psql('postgres', qq{
+SELECT g.relation || '|' || c.relfilenode FROM dwarf.segment g JOIN pg_class c ON c.relname = g.relation
+ WHERE $parked >= g.lo AND $parked < g.hi});
+my $width = $node->safe_psql('postgres', "SELECT hi - lo FROM dwarf.segment WHERE relation = '$seg1'");
+my $next_seg = $node->safe_psql('postgres',
+	"SELECT relation FROM dwarf.segment WHERE lo = (SELECT hi FROM dwarf.segment WHERE relation = '$seg1')");
+# The passes until part 4 count dwarf.segment_interval as an hour, so
+# that the parked flow's segment has not spanned twice the interval.
+my $hour = q{SET dwarf.segment_interval = '1 h'; SELECT dwarf.maintain()};
+my $filler = create_and_wait($width + 10);
+$pass = $node->safe_psql('postgres', $hour);
+note "pass with one segment full: $pass";
+is( $node->safe_psql('postgres', "SELECT live FROM dwarf.segment WHERE relation = '$seg1'"),
+	't', 'a passed segment with a flow still open stays live while young');
+
+# The segment after it holds only closed flows once ids pass it too.
+my $more = create_and_wait(
+	$node->safe_psql('postgres', "SELECT hi - lo FROM dwarf.segment WHERE relation = '$next_seg'") + 10);
+my $next_node = $node->safe_psql('postgres', "SELECT relfilenode FROM pg_class WHERE relname = '$next_seg'");
+my $next_rows = $node->safe_psql('postgres', "SELECT count(*) FROM dwarf.$next_seg");
+$pass = $node->safe_psql('postgres', $hour);
+note "pass with a closed segment: $pass";
+is( $node->safe_psql('postgres', qq{
+SELECT g.live || ' ' || (c.relfilenode = $next_node) || ' '
+       || (SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid) || ' '
+       || (SELECT count(*) FROM dwarf.step_archive a WHERE a.tableoid = c.oid)
+  FROM dwarf.segment g JOIN pg_class c ON c.relname = g.relation WHERE g.relation = '$next_seg'}),
+	"false true dwarf.step_archive $next_rows",
+	'a segment whose flows all closed went to the archive as the same relation, with all its rows');
+is( $node->safe_psql('postgres', qq{SELECT result->>'moved_steps' FROM dwarf.maintain_log
+  ORDER BY started_at DESC LIMIT 1}), '0', 'and moved no step');
+is( $node->safe_psql('postgres', "SELECT live FROM dwarf.segment WHERE relation = '$seg1'"),
+	't', 'the parked flow\'s segment is still live');
+my $one = (split /,/, $more)[0];
+is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($one)"),
+	'ABC', 'dwarf.history reads an archived segment\'s flow');
+
+# 4. The open flow's segment goes once it has spanned twice the interval.
+ok( $node->poll_query_until('postgres', qq{
+SELECT made_at < now() - interval '2 s' FROM dwarf.segment WHERE relation = '$seg1'}),
+	'the parked flow\'s segment has spanned twice dwarf.segment_interval');
+$pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
+note "pass with an outliving flow: $pass";
+is( $node->safe_psql('postgres', qq{
+SELECT g.live || ' ' || (c.relfilenode = $seg1_node) || ' ' || ($pass::jsonb->>'moved_steps')
+  FROM dwarf.segment g JOIN pg_class c ON c.relname = g.relation WHERE g.relation = '$seg1'}),
+	'false true 2', 'the segment went to the archive, and the parked flow\'s 2 steps were moved');
+is( $node->safe_psql('postgres', qq{
+SELECT string_agg(tableoid::regclass::text || ':' || task, ',' ORDER BY step_id)
+  FROM dwarf.step WHERE flow_id = $parked}),
+	'dwarf.step_default:A,dwarf.step_default:Q', 'its steps are in dwarf.step_default');
+$node->safe_psql('postgres', "SELECT dwarf.resume($parked, '{}')");
+ok( $node->poll_query_until('postgres', "SELECT status FROM dwarf.flow WHERE id = $parked", 'completed'),
+	'the parked flow resumes and completes');
+is( $node->safe_psql('postgres', "SELECT string_agg(task || '=' || status, ',' ORDER BY step_id) FROM dwarf.history($parked)"),
+	'A=completed,Q=interrupted,Q=resumed,Q=completed,C=completed',
+	'its history is whole');
+$pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
+is( $node->safe_psql('postgres', qq{
+SELECT (SELECT count(*) FROM dwarf.step_default) || ' '
+       || (SELECT count(*) FROM dwarf.$seg1 WHERE flow_id = $parked)}),
+	'0 5', 'once it closed, a pass moved its steps into the archived segment');
+is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($parked)"),
+	'AQQQC', 'and its history reads the same');
+
+# 6. What a segment is.
+is( $node->safe_psql('postgres', qq{
+SELECT c.reloptions::text || ' ' || count(k.conname)
+  FROM pg_class c LEFT JOIN pg_constraint k ON k.conrelid = c.oid AND k.contype = 'c'
+ WHERE c.relname = '$seg1' GROUP BY c.reloptions}),
+	'{autovacuum_enabled=false,toast.autovacuum_enabled=false} 1',
+	'a segment has autovacuum off and a CHECK constraint on its range');
+is( $node->safe_psql('postgres', q{
+SELECT live_segments = (SELECT count(*) FROM dwarf.segment WHERE live)
+   AND archived_segments = (SELECT count(*) FROM dwarf.segment WHERE NOT live)
+   AND archived_segments >= 3 AND archive_step_bytes > 0 AND live_step_bytes > 0
+  FROM dwarf.storage}),
+	't', 'dwarf.storage counts the live and archived segments');
+
+# 5. Retention: past it, archived segments are dropped whole, but not
+# while a flow of theirs is open.
+my $open = $node->safe_psql('postgres', q{SELECT dwarf.create('asks', '{}')});
+ok( $node->poll_query_until('postgres', "SELECT status FROM dwarf.flow WHERE id = $open", 'interrupted'),
+	'another flow parks');
+my $open_seg = $node->safe_psql('postgres',
+	"SELECT relation FROM dwarf.segment WHERE $open >= lo AND $open < hi");
+my $archived = $node->safe_psql('postgres', 'SELECT count(*) FROM dwarf.segment WHERE NOT live');
+$pass = $node->safe_psql('postgres', q{
+SET dwarf.retention = '1 day';
+SELECT dwarf_internal.maintain_at(now() + interval '3 days')});
+note "pass past the retention: $pass";
+is( $node->safe_psql('postgres', qq{
+SELECT (SELECT count(*) FROM dwarf.segment WHERE NOT live) || ' '
+       || (SELECT count(*) FROM pg_class c WHERE c.relname IN
+             (SELECT jsonb_array_elements_text(\$\$$pass\$\$::jsonb->'segments_dropped')))}),
+	'0 0', "past the retention, the $archived archived segments were dropped, tables and all");
+is( $node->safe_psql('postgres', qq{SELECT live FROM dwarf.segment WHERE relation = '$open_seg'}),
+	't', 'the live segment of the open flow stays');
+is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($open)"),
+	'AQ', 'and the open flow\'s history with it');
+
+check_no_crash($node, 'no crash');
+stop_node($node, $t0);
+done_testing();
