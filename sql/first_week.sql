@@ -189,7 +189,7 @@ SELECT (SELECT count(*) FROM dwarf.flow) AS live_before,
 	   (SELECT count(*) FROM pg_inherits WHERE inhparent = 'dwarf.flow_archive'::regclass) AS days_before \gset
 SET dwarf.archive_after = '0';
 SELECT (r->>'dry_run')::boolean AS dry_run, (r->>'moved_flows')::int >= 20 AS would_move,
-	   (r->>'moved_steps')::int >= 20 AS would_move_steps, r ? 'days_made' AS says_days
+	   r ? 'segments_archived' AS says_segments, r ? 'days_made' AS says_days
   FROM dwarf.maintain(dry_run => true) r;
 RESET dwarf.archive_after;
 SELECT (SELECT count(*) FROM dwarf.flow) = :live_before AS live_same,
