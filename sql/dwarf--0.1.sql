@@ -1396,7 +1396,11 @@ BEGIN
 	 * while no pass ran; a promotion, which moves ids to a new epoch), a
 	 * new run of segments starts at it, and a segment in the archive covers
 	 * the ids before it that none did, for their steps in
-	 * dwarf.step_default to be archived into.
+	 * dwarf.step_default to be archived into.  This comes after the
+	 * handover: attaching a segment locks dwarf.step_default, and a pass
+	 * that held that lock while it waited for dwarf.step's would take the
+	 * two in the reverse of the order every writer of steps takes them
+	 * (a deadlock that the writer, not the pass, lost).
 	 */
 	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	ahead := NOT dry_run;

@@ -13,12 +13,12 @@
 #     dwarf.snapshot, dwarf.history, dwarf.step, dwarf.history_mermaid and
 #     dwarf.list are recorded while they are live; then the README's line
 #     schedules dwarf.maintain() every minute, with dwarf.archive_after = 0
-#     set by ALTER DATABASE.  The job moves every flow into the archive,
-#     and every step (their flows were created before any pass, so their
-#     steps are in dwarf.step_default, and the first pass moves them into
-#     an archived segment) (pg_cron's minute granularity: up to a
-#     minute's wait), its
-#     runs succeed, dwarf.maintain_log and dwarf.storage show the pass,
+#     set by ALTER DATABASE.  The job (pg_cron's minute granularity: up
+#     to a minute's wait) moves every flow into the archive, and every
+#     step: the flows ran before any pass, so their steps are in
+#     dwarf.step_default, and the first pass moves them into the archived
+#     segment it makes for the ids before it.  The job's runs succeed,
+#     dwarf.maintain_log and dwarf.storage show the pass,
 #     every read answers exactly as before the move, and a fork and a
 #     continue of an archived flow complete.
 #  2. Concurrency, in database "conc", while the cron job waits for its
