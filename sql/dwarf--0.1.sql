@@ -1276,6 +1276,7 @@ DECLARE
 	d			record;
 	g			record;
 	next_id		bigint;
+	ahead		boolean;
 	prev_hi		bigint;
 	width		bigint;
 	n_open		bigint;
@@ -1332,33 +1333,6 @@ BEGIN
 	END LOOP;
 
 	/*
-	 * The step log's segments ahead of the flow ids: the one the next flow
-	 * goes to and the one after it, each as wide as the flows created in
-	 * dwarf.segment_interval at the rate of the current one.  Where none
-	 * covers the next id (the first pass; ids that outran the segments
-	 * while no pass ran; a promotion, which moves ids to a new epoch), a
-	 * new run of segments starts at it, and a segment in the archive covers
-	 * the ids before it that none did, for their steps in
-	 * dwarf.step_default to be archived into.
-	 */
-	next_id := dwarf_internal.next_flow_id();
-	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
-	IF NOT FOUND AND NOT dry_run THEN
-		width := greatest(64, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
-		prev_hi := coalesce((SELECT max(s.hi) FROM dwarf.segment s), 0);
-		IF prev_hi < next_id THEN
-			segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, next_id, false)::text;
-		END IF;
-		segs_made := segs_made || dwarf_internal.make_step_segment(next_id, next_id + width, true)::text;
-		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
-	END IF;
-	IF FOUND AND NOT dry_run AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
-		width := greatest(64, ((next_id - g.lo) * extract(epoch FROM span)
-								 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
-		segs_made := segs_made || dwarf_internal.make_step_segment(g.hi, g.hi + width, true)::text;
-	END IF;
-
-	/*
 	 * Live segments that no new flow goes to any more, to the archive.  One
 	 * whose flows have all closed is detached and attached to the archive
 	 * as it is.  One that has spanned twice its interval with a few flows
@@ -1370,6 +1344,7 @@ BEGIN
 	 * it waits half a second at most, else the segment waits for the next
 	 * pass.
 	 */
+	next_id := dwarf_internal.next_flow_id();
 	FOR g IN SELECT * FROM dwarf.segment s WHERE s.live AND s.hi <= next_id ORDER BY s.lo LOOP
 		SELECT count(*) FILTER (WHERE f.status IN ('running', 'interrupted')), count(*)
 		  INTO n_open, n_all
@@ -1412,6 +1387,58 @@ BEGIN
 		END;
 		PERFORM set_config('lock_timeout', lock_timeout, true);
 	END LOOP;
+
+	/*
+	 * The step log's segments ahead of the flow ids: the one the next flow
+	 * goes to and the one after it, each as wide as the flows created in
+	 * dwarf.segment_interval at the rate of the current one.  Where none
+	 * covers the next id (the first pass; ids that outran the segments
+	 * while no pass ran; a promotion, which moves ids to a new epoch), a
+	 * new run of segments starts at it, and a segment in the archive covers
+	 * the ids before it that none did, for their steps in
+	 * dwarf.step_default to be archived into.  This comes after the
+	 * handover: attaching a segment locks dwarf.step_default, and a pass
+	 * that held that lock while it waited for dwarf.step's would take the
+	 * two in the reverse of the order every writer of steps takes them
+	 * (a deadlock that the writer, not the pass, lost).
+	 */
+	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
+	ahead := NOT dry_run;
+	IF ahead AND (NOT FOUND OR NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi)) THEN
+		/*
+		 * A segment attached to dwarf.step must find no row of its range
+		 * in dwarf.step_default, or the attach fails; a flow created since
+		 * next_id was read may already have written steps there.  With
+		 * the default partition locked (the attach would lock it anyway),
+		 * no step lands there any more, and every flow that has one there
+		 * has an id below the next id read now.  The lock waits half a
+		 * second at most, as the handover's does, else the segments wait
+		 * for the next pass.
+		 */
+		BEGIN
+			PERFORM set_config('lock_timeout', '500ms', true);
+			LOCK TABLE dwarf.step_default IN ACCESS EXCLUSIVE MODE;
+		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+			ahead := false;
+		END;
+		PERFORM set_config('lock_timeout', lock_timeout, true);
+		next_id := dwarf_internal.next_flow_id();
+		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
+	END IF;
+	IF NOT FOUND AND ahead THEN
+		width := greatest(64, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
+		prev_hi := coalesce((SELECT max(s.hi) FROM dwarf.segment s), 0);
+		IF prev_hi < next_id THEN
+			segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, next_id, false)::text;
+		END IF;
+		segs_made := segs_made || dwarf_internal.make_step_segment(next_id, next_id + width, true)::text;
+		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
+	END IF;
+	IF FOUND AND ahead AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
+		width := greatest(64, ((next_id - g.lo) * extract(epoch FROM span)
+								 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
+		segs_made := segs_made || dwarf_internal.make_step_segment(g.hi, g.hi + width, true)::text;
+	END IF;
 
 	/*
 	 * Steps in dwarf.step_default of flows that have closed, under an

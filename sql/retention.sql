@@ -1,10 +1,19 @@
 --
--- retention: dwarf.maintain() moves closed flows (and their steps) into
--- dwarf.flow_archive / dwarf.step_archive, day partitions by the time the
--- flow closed, and drops whole days older than dwarf.retention.  Running and
--- interrupted flows, and a closed child whose parent still waits, stay live.
--- Every read and operation works the same on an archived flow.  The "now"
--- argument shows what a later pass would do, so nothing here waits.
+-- retention: dwarf.maintain() moves closed flows into dwarf.flow_archive,
+-- day partitions by the time the flow closed, and drops whole days older
+-- than dwarf.retention.  Their steps are never copied: the step log's
+-- segment (the partition of dwarf.step for a range of flow ids) goes to
+-- dwarf.step_archive whole once the ids have passed it, the same table
+-- with its rows and its indexes (one someone added too), and is dropped
+-- whole once its newest flow's day has expired and none of its flows is
+-- open.  Running and interrupted flows, and a closed child whose parent
+-- still waits, stay live; the steps of the open ones move to
+-- dwarf.step_default when their segment goes, and into the archived
+-- segment once they close.  Every read and operation works the same on an
+-- archived flow.  The "now" argument shows what a later pass would do, so
+-- nothing here waits; with dwarf.segment_interval = '1 s' a segment is
+-- some 64 flows wide, and flows of graph rt_tick (rt.pass) move the ids
+-- past one.
 --
 -- Other tests' closed flows are in the same tables and move too: counts are
 -- of this test's own flows.
@@ -18,8 +27,8 @@ BEGIN
 	EXECUTE sql;
 	RETURN 'ok';
 EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || regexp_replace(regexp_replace(SQLERRM, '(flow|step) -?\d+', '\1 N', 'g'),
-											  '_archive_\d{8}', '_archive_YYYYMMDD', 'g');
+	RETURN SQLSTATE || ': ' || regexp_replace(regexp_replace(regexp_replace(SQLERRM, '(flow|step) -?\d+', '\1 N', 'g'),
+			'_archive_\d{8}', '_archive_YYYYMMDD', 'g'), 'step_\d+', 'step_N', 'g');
 END $$;
 
 ----------------------------------------------------------------------
@@ -27,7 +36,9 @@ END $$;
 ----------------------------------------------------------------------
 SHOW dwarf.archive_after;
 SHOW dwarf.retention;
+SHOW dwarf.segment_interval;
 SELECT rt.try($$SET dwarf.archive_after = 'soon'$$);
+SELECT rt.try($$SET dwarf.segment_interval = 'hourly'$$);
 SELECT rt.try($$SET dwarf.retention = '-1 day'$$);
 SET dwarf.retention = '2 mons';
 SHOW dwarf.retention;
@@ -70,6 +81,33 @@ SELECT dwarf.define('rt_ask', '{"tasks": {"A": "rt.add", "Ask": "rt.ask", "C": "
   "transitions": [{"chain": ["A", "Ask", "C", "END"]}]}');
 SELECT dwarf.define('rt_parent', '{"tasks": {"P": "rt.parent", "Q": "rt.add"},
   "transitions": [{"from": "P", "to": "Q"}]}');
+CREATE FUNCTION rt.tick(s jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+SELECT dwarf.define('rt_tick', '{"tasks": {"T": "rt.tick"}, "transitions": []}');
+
+-- rt.pass(flow) creates flows of rt_tick until the ids have passed the
+-- segment of the given flow, and records them in rt.ticks; once they are
+-- committed, rt.passed(flow) awaits them (and forgets them) and says
+-- whether they completed and the ids passed the segment.
+CREATE TABLE rt.ticks (id bigint PRIMARY KEY);
+CREATE FUNCTION rt.pass(f_id bigint) RETURNS boolean LANGUAGE sql AS $$
+	WITH made AS (
+		INSERT INTO rt.ticks
+			SELECT dwarf.create('rt_tick', '{}')
+			  FROM generate_series(1, (SELECT s.hi - dwarf_internal.next_flow_id() FROM dwarf.segment s
+										WHERE f_id >= s.lo AND f_id < s.hi))
+		RETURNING id)
+	SELECT count(*) > 0 FROM made $$;
+CREATE FUNCTION rt.passed(f_id bigint) RETURNS boolean LANGUAGE sql AS $$
+	WITH t AS (DELETE FROM rt.ticks RETURNING id)
+	SELECT bool_and(o.status = 'completed')
+		   AND dwarf_internal.next_flow_id() >= (SELECT s.hi FROM dwarf.segment s WHERE f_id >= s.lo AND f_id < s.hi)
+	  FROM t, dwarf.await(t.id, '60 s') o $$;
+
+-- A pass before this test's flows, so that they go to a live segment, not
+-- to dwarf.step_default.
+SET dwarf.archive_after = '1 hour';
+SET dwarf.segment_interval = '1 s';
+SELECT dwarf.maintain() ? 'segments_made' AS says_segments;
 
 CREATE TABLE rt.flows (name text PRIMARY KEY, id bigint);
 INSERT INTO rt.flows SELECT 'plain', flow_id FROM dwarf.run('rt_chain', '{"n": 10}');
@@ -94,7 +132,7 @@ CREATE TABLE rt.before AS
 		   dwarf.state_at(f.id) AS state
 	  FROM rt.flows f;
 
--- Where a flow is: live, archived, or gone.
+-- Where a flow is: live, archived, or gone; and its steps.
 CREATE FUNCTION rt.place(f_id bigint) RETURNS text LANGUAGE sql AS $$
 	SELECT CASE WHEN EXISTS (SELECT 1 FROM dwarf.flow WHERE id = f_id) THEN 'live'
 				WHEN EXISTS (SELECT 1 FROM dwarf.flow_archive WHERE id = f_id) THEN 'archived'
@@ -102,17 +140,28 @@ CREATE FUNCTION rt.place(f_id bigint) RETURNS text LANGUAGE sql AS $$
 		   || ' (' || (SELECT count(*) FROM dwarf.step WHERE flow_id = f_id) || ' live steps, '
 		   || (SELECT count(*) FROM dwarf.step_archive WHERE flow_id = f_id) || ' archived)' $$;
 
+-- The segment this test's flows are in, and its table as it is now.
+CREATE TABLE rt.seg AS
+	SELECT g.relation, g.lo, g.hi, c.relfilenode
+	  FROM dwarf.segment g JOIN pg_class c ON c.oid = ('dwarf.' || g.relation)::regclass
+	 WHERE (SELECT min(id) FROM rt.flows) >= g.lo AND (SELECT max(id) FROM rt.flows) < g.hi;
+SELECT count(*) AS one_segment_holds_them, bool_and(g.live) AS live
+  FROM rt.seg s JOIN dwarf.segment g USING (relation);
+
 ----------------------------------------------------------------------
 -- a pass moves only what closed longer ago than dwarf.archive_after
 ----------------------------------------------------------------------
-SET dwarf.archive_after = '1 hour';
 SELECT dwarf.maintain() ->> 'moved_flows' AS moved;
--- it made the partitions of today and the next two days (UTC), in both tables
+-- it made the flow partitions of today and the next two days (UTC)
 SELECT count(*) AS days_ready
   FROM generate_series(0, 2) d,
 	   LATERAL (SELECT to_char((now() AT TIME ZONE 'UTC')::date + d, 'YYYYMMDD') AS day) x
- WHERE to_regclass('dwarf.flow_archive_' || x.day) IS NOT NULL
-   AND to_regclass('dwarf.step_archive_' || x.day) IS NOT NULL;
+ WHERE to_regclass('dwarf.flow_archive_' || x.day) IS NOT NULL;
+-- and a live segment covers the next flow id, and another follows it
+SELECT count(*) AS next_segments_ready
+  FROM dwarf.segment s
+ WHERE s.live AND s.lo <= dwarf_internal.next_flow_id() AND dwarf_internal.next_flow_id() < s.hi
+   AND EXISTS (SELECT 1 FROM dwarf.segment n WHERE n.live AND n.lo = s.hi);
 SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
 -- dwarf.maintain belongs to the extension's owner
 CREATE ROLE rt_other;
@@ -121,45 +170,71 @@ SET ROLE rt_other;
 SELECT rt.try('SELECT dwarf.maintain()');
 RESET ROLE;
 
--- An index someone adds to a day partition of the steps is kept as a
--- statement would keep it: a partial index gets only the rows its
--- predicate takes.  rt.count_today counts today's archived steps.
-CREATE FUNCTION rt.count_today(cond text) RETURNS bigint LANGUAGE plpgsql AS $$
+-- An index someone adds to a segment is kept: the segment goes to the
+-- archive as the same table, and rows moved into it later are indexed as
+-- a statement would index them (a partial index gets only the rows its
+-- predicate takes).  rt.count_seg counts the segment's steps;
+-- rt.index_counts says whether a scan of the partial index (the only
+-- path once sequential and bitmap scans are off: the plan names it) counts
+-- what a sequential scan counts, how many steps it has (those that did not
+-- complete), and that the segment has steps it leaves out.
+CREATE FUNCTION rt.count_seg(cond text) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
 	n bigint;
 BEGIN
-	EXECUTE format('SELECT count(*) FROM dwarf.%I WHERE %s',
-				   'step_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'), cond) INTO n;
+	EXECUTE format('SELECT count(*) FROM dwarf.%I WHERE %s', (SELECT relation FROM rt.seg), cond) INTO n;
 	RETURN n;
+END $$;
+CREATE FUNCTION rt.index_counts()
+	RETURNS TABLE (uses_index boolean, same_count boolean, not_completed bigint, has_others boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+	by_index bigint;
+	line text;
+	plan text := '';
+BEGIN
+	SET LOCAL enable_seqscan = off;
+	SET LOCAL enable_bitmapscan = off;
+	FOR line IN EXECUTE format('EXPLAIN (COSTS OFF) SELECT count(*) FROM dwarf.%I WHERE status <> %L',
+							   (SELECT relation FROM rt.seg), 'completed') LOOP
+		plan := plan || line || E'\n';
+	END LOOP;
+	by_index := rt.count_seg($c$status <> 'completed'$c$);
+	SET LOCAL enable_seqscan = on;
+	SET LOCAL enable_indexscan = off;
+	RETURN QUERY SELECT plan LIKE '%rt_not_completed%', by_index = rt.count_seg($c$status <> 'completed'$c$),
+						by_index, rt.count_seg('true') > by_index;
 END $$;
 DO $$
 BEGIN
-	EXECUTE format('CREATE INDEX rt_failed_steps ON dwarf.%I (flow_id) WHERE status = %L',
-				   'step_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'), 'failed');
+	EXECUTE format('CREATE INDEX rt_not_completed ON dwarf.%I (flow_id) WHERE status <> %L',
+				   (SELECT relation FROM rt.seg), 'completed');
 END $$;
+SELECT * FROM rt.index_counts();
 
--- Two hours later: the closed flows move with their steps; the interrupted
--- flows stay, and so does the closed child whose parent still waits.
-SELECT (r ->> 'moved_flows')::int >= 4 AS moved, (r ->> 'more')::boolean AS more
+-- Two hours later, once the ids have passed the segment: the closed flows
+-- move, and the segment goes to the archive whole; the interrupted flows
+-- stay, their steps moved to dwarf.step_default, and so does the closed
+-- child whose parent still waits, its steps in the archived segment.
+SELECT rt.pass(max(id)) FROM rt.flows;
+SELECT rt.passed(max(id)) FROM rt.flows;
+SELECT (r ->> 'moved_flows')::int >= 4 AS moved, (r ->> 'more')::boolean AS more,
+	   (r -> 'segments_archived') ? (SELECT relation FROM rt.seg) AS archived_the_segment,
+	   (r ->> 'moved_steps')::int >= 6 AS moved_the_open_flows_steps
   FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
 SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
--- the step rows sit in the day partition of their flow
-SELECT count(*) AS steps_off_their_flows_day
-  FROM dwarf.step_archive s JOIN rt.flows r ON r.id = s.flow_id
- WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow_archive f
-					WHERE f.id = s.flow_id AND f.finished_at = s.flow_finished_at);
--- the partial index holds the failed steps only: a scan of it (the only
--- index path once bitmap scans are off) counts what a sequential scan counts
-SET enable_seqscan = off;
-SET enable_bitmapscan = off;
-CREATE TEMP TABLE rt_by_index AS SELECT rt.count_today($$status = 'failed'$$) AS n;
-RESET enable_seqscan;
-SET enable_indexscan = off;
-SELECT i.n = rt.count_today($$status = 'failed'$$) AS same_count, i.n >= 1 AS has_failed,
-	   rt.count_today('true') > i.n AS has_others
-  FROM rt_by_index i;
-RESET enable_indexscan;
-RESET enable_bitmapscan;
+-- the segment is the same table, attached to dwarf.step_archive, with the
+-- steps of the closed flows where they were: none was copied
+SELECT g.live, c.relfilenode = s.relfilenode AS same_table,
+	   (SELECT i.inhparent::regclass FROM pg_inherits i WHERE i.inhrelid = c.oid) AS parent,
+	   (SELECT count(*) FROM dwarf.step_archive a JOIN rt.flows f ON f.id = a.flow_id
+		 WHERE a.tableoid <> c.oid) AS steps_elsewhere
+  FROM rt.seg s JOIN dwarf.segment g USING (relation) JOIN pg_class c ON c.oid = ('dwarf.' || s.relation)::regclass;
+-- the open flows' steps are in dwarf.step_default
+SELECT string_agg(DISTINCT s.tableoid::regclass::text, ',') AS open_flows_steps_in
+  FROM dwarf.step s JOIN rt.flows f ON f.id = s.flow_id;
+-- the index someone added is still there, and still right
+SELECT * FROM rt.index_counts();
 
 ----------------------------------------------------------------------
 -- every read says the same of an archived flow
@@ -171,8 +246,9 @@ SELECT b.name,
 	   dwarf.state_at(f.id) = b.state AS state
   FROM rt.before b JOIN rt.flows f USING (name) ORDER BY b.name;
 SELECT status, state, steps FROM dwarf.snapshot((SELECT id FROM rt.flows WHERE name = 'plain'));
--- each day partition has its own indexes, which the reads of an archived
--- flow use (with sequential scans off, as dwarf_internal.flow_steps has them)
+-- each day partition and each segment has its own indexes, which the reads
+-- of an archived flow use (with sequential scans off, as
+-- dwarf_internal.flow_steps has them)
 CREATE FUNCTION rt.uses_index(sql text) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
 	line text;
@@ -185,8 +261,7 @@ BEGIN
 END $$;
 SET enable_seqscan = off;
 SELECT rt.uses_index(format('SELECT * FROM dwarf.flow_all WHERE id = %s', f.id)) AS by_id,
-	   rt.uses_index(format('SELECT * FROM dwarf.step_archive WHERE flow_id = %s AND flow_finished_at = %L',
-							f.id, f.finished_at)) AS its_steps,
+	   rt.uses_index(format('SELECT * FROM dwarf.step_archive WHERE flow_id = %s', f.id)) AS its_steps,
 	   rt.uses_index(format('SELECT id FROM dwarf.flow_archive WHERE owner = %L::regrole AND idempotency_key = %L',
 							f.owner, 'rt-once')) AS by_key,
 	   rt.uses_index($$SELECT id FROM dwarf.flow_archive WHERE thread = 'rt-thread'$$) AS by_thread,
@@ -232,6 +307,7 @@ SELECT status FROM dwarf.await((SELECT id FROM rt.flows WHERE name = 'continued_
 ----------------------------------------------------------------------
 SELECT id AS plain_id FROM rt.flows WHERE name = 'plain' \gset
 SELECT partition AS some_day FROM dwarf_internal.archive_days('dwarf.flow_archive') LIMIT 1 \gset
+SELECT relation AS seg FROM rt.seg \gset
 SET ROLE rt_other;
 SELECT count(*) AS archived_flows, (SELECT count(*) FROM dwarf.step_archive) AS archived_steps
   FROM dwarf.flow_archive;
@@ -239,6 +315,7 @@ SELECT rt.try(format('SELECT dwarf.history(%s)', :plain_id));
 SELECT rt.try(format('SELECT dwarf.snapshot(%s)', :plain_id));
 SELECT rt.try(format('SELECT dwarf.await(%s)', :plain_id));
 SELECT rt.try(format('SELECT * FROM %s', :'some_day'));
+SELECT rt.try(format('SELECT * FROM dwarf.%I', :'seg'));
 RESET ROLE;
 REVOKE USAGE ON SCHEMA rt FROM rt_other;
 
@@ -254,20 +331,29 @@ SELECT f.name, rt.place(f.id) FROM rt.flows f WHERE f.name IN ('plain', 'failed'
 ----------------------------------------------------------------------
 -- what is left, two months later: old days are dropped whole (the tables
 -- are gone, no row was deleted); the interrupted flows and the waiting
--- child were never moved, and the parent completes with its whole history
+-- child were never moved, and their archived segment is kept while they
+-- are open; the parent completes with its whole history
 ----------------------------------------------------------------------
 SELECT (r ->> 'partitions_dropped')::int >= 1 AS dropped,
-	   (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS today_dropped
+	   (r -> 'days_dropped') ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS today_dropped,
+	   (r -> 'segments_dropped') ? :'seg' AS segment_dropped
   FROM dwarf_internal.maintain_at(now() + interval '2 months') r;
 SELECT to_regclass('dwarf.flow_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')) IS NULL AS flow_day_gone,
-	   to_regclass('dwarf.step_archive_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')) IS NULL AS step_day_gone;
+	   to_regclass('dwarf.' || :'seg') IS NOT NULL AS segment_kept;
 -- A flow that closed on a day already expired is moved into that day (made
 -- again), and the next pass drops it: a pass drops days before it moves.
+-- Its segment, once the ids have passed it, goes to the archive and, its
+-- newest flow's day expired, is dropped in the same pass.
 INSERT INTO rt.flows SELECT 'late', flow_id FROM dwarf.run('rt_chain', '{}');
+SELECT rt.pass(id) FROM rt.flows WHERE name = 'late';
+SELECT rt.passed(id) FROM rt.flows WHERE name = 'late';
+SELECT relation AS late_seg FROM dwarf.segment, rt.flows f WHERE f.name = 'late' AND f.id >= lo AND f.id < hi \gset
 SELECT r -> 'days_made' ? to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS made_again,
-	   (r ->> 'moved_flows')::int >= 1 AS moved
+	   (r ->> 'moved_flows')::int >= 1 AS moved,
+	   (r -> 'segments_archived') ? :'late_seg' AS its_segment_archived,
+	   (r -> 'segments_dropped') ? :'late_seg' AS and_dropped
   FROM dwarf_internal.maintain_at(now() + interval '2 months') r;
-SELECT rt.place(id) FROM rt.flows WHERE name = 'late';
+SELECT rt.place(id), to_regclass('dwarf.' || :'late_seg') IS NULL AS segment_gone FROM rt.flows WHERE name = 'late';
 -- a dry run of the next pass says what it would drop, with how many flows,
 -- and drops nothing
 SELECT (r ->> 'dry_run')::boolean AS dry_run,
@@ -285,14 +371,35 @@ SELECT dwarf.resume((SELECT id FROM rt.flows WHERE name = 'asking'), '"yes"');
 SELECT o.status FROM dwarf.await((SELECT id FROM rt.flows WHERE name = 'asking')) o;
 SELECT task, status FROM dwarf.history((SELECT id FROM rt.flows WHERE name = 'asking')) ORDER BY step_id;
 
+-- Once they closed, a pass moves their steps from dwarf.step_default into
+-- their archived segment (the flows stay live until dwarf.archive_after),
+-- the index someone added takes the moved rows it should, and the reads
+-- say the same
+SELECT (dwarf.maintain() ->> 'moved_steps')::int >= 13 AS moved_their_steps;
+SELECT f.name, rt.place(f.id) FROM rt.flows f WHERE f.name IN ('parent', 'asking', 'child_asking', 'child_done')
+ ORDER BY f.name;
+SELECT count(*) AS in_default FROM dwarf.step_default s JOIN rt.flows f ON f.id = s.flow_id;
+SELECT * FROM rt.index_counts();
+SELECT task, status FROM dwarf.history((SELECT id FROM rt.flows WHERE name = 'asking')) ORDER BY step_id;
+-- Two months later, the segment goes whole with the last of its flows
+SELECT (r -> 'segments_dropped') ? :'seg' AS segment_dropped
+  FROM dwarf_internal.maintain_at(now() + interval '2 months') r;
+SELECT to_regclass('dwarf.' || :'seg') IS NULL AS segment_gone,
+	   NOT EXISTS (SELECT 1 FROM dwarf.segment WHERE relation = :'seg') AS unlisted;
+SELECT dwarf_internal.maintain_at(now() + interval '2 months') IS NOT NULL AS next_pass;
+SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
+
 -- dwarf.storage: sizes and the last pass
 SELECT archive_days >= 1 AS has_days, oldest_archived_day IS NOT NULL AS has_oldest,
 	   last_maintain_at IS NOT NULL AS has_last_pass, last_maintain ? 'moved_flows' AS says_what,
-	   live_flow_bytes > 0 AND live_step_bytes > 0 AS live_sizes
+	   live_flow_bytes > 0 AND live_step_bytes > 0 AS live_sizes,
+	   live_segments = (SELECT count(*) FROM dwarf.segment WHERE live) AND live_segments >= 2 AS live_segments,
+	   archived_segments = (SELECT count(*) FROM dwarf.segment WHERE NOT live) AS archived_segments
   FROM dwarf.storage;
 SELECT count(*) >= 3 AS passes_logged FROM dwarf.maintain_log;
 
 RESET dwarf.archive_after;
+RESET dwarf.segment_interval;
 REVOKE USAGE ON SCHEMA dwarf FROM rt_other;
 DROP ROLE rt_other;
 DROP SCHEMA rt CASCADE;

@@ -4,16 +4,21 @@
 # scheduled by pg_cron, and racing everything else that touches flows.
 #
 # One server preloads dwarf and pg_cron (cron.use_background_workers: the
-# job runs in a background worker, no TCP connection or password).
+# job runs in a background worker, no TCP connection or password), with
+# dwarf.segment_interval = '1 s', so that a few hundred flows fill a
+# segment of the step log and passes hand segments to the archive.
 #
 #  1. pg_cron, in database "postgres" (cron.database_name): flows of a
 #     3-step chain (and one that fails) close; their dwarf.await,
 #     dwarf.snapshot, dwarf.history, dwarf.step, dwarf.history_mermaid and
 #     dwarf.list are recorded while they are live; then the README's line
 #     schedules dwarf.maintain() every minute, with dwarf.archive_after = 0
-#     set by ALTER DATABASE.  The job moves every flow and step into the
-#     archive (pg_cron's minute granularity: up to a minute's wait), its
-#     runs succeed, dwarf.maintain_log and dwarf.storage show the pass,
+#     set by ALTER DATABASE.  The job (pg_cron's minute granularity: up
+#     to a minute's wait) moves every flow into the archive, and every
+#     step: the flows ran before any pass, so their steps are in
+#     dwarf.step_default, and the first pass moves them into the archived
+#     segment it makes for the ids before it.  The job's runs succeed,
+#     dwarf.maintain_log and dwarf.storage show the pass,
 #     every read answers exactly as before the move, and a fork and a
 #     continue of an archived flow complete.
 #  2. Concurrency, in database "conc", while the cron job waits for its
@@ -24,14 +29,21 @@
 #     dwarf.retention is 1000 days, so it drops nothing), and a third
 #     deletes, forks (from step B) and continues closed flows, picked half
 #     the time among the newest (the ones being moved) and half at random,
-#     checking dwarf.await and dwarf.history of each first.  Once
-#     the load is done and a last pass has run: no session saw an error;
-#     every created flow is in exactly one of dwarf.flow and
+#     checking dwarf.await and dwarf.history of each first.  The passes
+#     make segments ahead of the ids and hand the passed ones to the
+#     archive while the workers write (maintain2's, a day ahead, also
+#     those with flows still running, whose steps it moves to
+#     dwarf.step_default).  Once the load is done and a last pass has run:
+#     no session saw an error; the passes handed segments over during the
+#     load; every created flow is in exactly one of dwarf.flow and
 #     dwarf.flow_archive (none twice), except the deleted ones, which are
-#     nowhere, steps included; no step row is left behind in either table;
-#     every flow completed with its steps all in the same place as the flow
-#     and the right final state; forks and continues completed, and a
-#     continued flow names its thread, archived or not.
+#     nowhere, steps included; no flow is left in dwarf.flow, and no step
+#     in dwarf.step but those of the segment the next flow goes to (every
+#     segment the ids have passed is archived, dwarf.step_default is
+#     empty); every step row is in the segment that covers its flow id
+#     and has its flow (none orphaned); every flow completed with its steps,
+#     once each, and the right final state; forks and continues completed,
+#     and a continued flow names its thread, archived or not.
 #
 # Every wait polls with a deadline; nothing is timed.
 use strict;
@@ -56,6 +68,7 @@ my $node = new_node('retention',
 	shared_preload_libraries    => "'dwarf,pg_cron'",
 	'cron.database_name'        => "'postgres'",
 	'cron.use_background_workers' => 'on',
+	'dwarf.segment_interval'    => "'1 s'",
 	max_worker_processes        => 32);
 
 # Graph "c3": A -> B -> C, each step adds 1 to n, so a flow ends with n = 3;
@@ -122,9 +135,10 @@ CREATE TABLE created (id bigint PRIMARY KEY, kind text NOT NULL, src bigint, use
 CREATE TABLE ctl (stop boolean NOT NULL);
 INSERT INTO ctl VALUES (false);
 
--- passes: each loop's passes and the flows they moved, counted in the
--- pass's own transaction.
-CREATE TABLE passes (session text PRIMARY KEY, n int NOT NULL DEFAULT 0, moved bigint NOT NULL DEFAULT 0);
+-- passes: each loop's passes, the flows they moved and the segments they
+-- handed to the archive, counted in the pass's own transaction.
+CREATE TABLE passes (session text PRIMARY KEY, n int NOT NULL DEFAULT 0, moved bigint NOT NULL DEFAULT 0,
+                     archived int NOT NULL DEFAULT 0);
 INSERT INTO passes (session) VALUES ('maintain1'), ('maintain2');
 CREATE PROCEDURE maintain_loop(session text, ahead boolean)
 LANGUAGE plpgsql AS $$
@@ -138,7 +152,8 @@ BEGIN
 	LOOP
 		r := dwarf_internal.maintain_at(now() + CASE WHEN ahead THEN make_interval(days => least(i / 3, 60))
 		                                 ELSE '0' END);
-		UPDATE passes p SET n = p.n + 1, moved = p.moved + (r->>'moved_flows')::bigint
+		UPDATE passes p SET n = p.n + 1, moved = p.moved + (r->>'moved_flows')::bigint,
+		       archived = p.archived + jsonb_array_length(r->'segments_archived')
 		 WHERE p.session = maintain_loop.session;
 		i := i + 1;
 		COMMIT;
@@ -272,9 +287,10 @@ for my $name (qw(maintain1 maintain2 ops))
 	is(${ $s{$name}{err} }, '', "the $name session wrote nothing to stderr");
 }
 note $node->safe_psql('conc',
-	q{SELECT string_agg(format('%s: %s passes moved %s flows', session, n, moved), ', ') FROM passes});
-is($node->safe_psql('conc', q{SELECT bool_and(n > 0) AND sum(moved) > 0 FROM passes}),
-	't', 'both maintain loops ran passes, which moved flows while the load ran');
+	q{SELECT string_agg(format('%s: %s passes moved %s flows, archived %s segments', session, n, moved, archived),
+	                    ', ') FROM passes});
+is($node->safe_psql('conc', q{SELECT bool_and(n > 0) AND sum(moved) > 0 AND sum(archived) > 0 FROM passes}),
+	't', 'both maintain loops ran passes, which moved flows and archived segments while the load ran');
 my ($deletes, $forks, $continues) = split /\|/, $node->safe_psql('conc', q{
 SELECT count(*) FILTER (WHERE used = 'delete') || '|' || count(*) FILTER (WHERE used = 'fork')
        || '|' || count(*) FILTER (WHERE used = 'continue') FROM created});
@@ -289,9 +305,16 @@ ok( $node->poll_query_until('conc',
 my $last = $node->safe_psql('conc', q{SELECT dwarf.maintain()});
 note "last pass: $last";
 
-is( $node->safe_psql('conc',
-		q{SELECT (SELECT count(*) FROM dwarf.flow) || ' ' || (SELECT count(*) FROM dwarf.step)}),
-	'0 0', 'after the last pass, no flow and no step is left in the live tables');
+is( $node->safe_psql('conc', q{
+SELECT (SELECT count(*) FROM dwarf.flow) || ' ' || (SELECT count(*) FROM dwarf.step_default) || ' '
+       || (SELECT count(*) FROM dwarf.segment WHERE live AND hi <= dwarf_internal.next_flow_id()) || ' '
+       || (SELECT count(*) FROM dwarf.step s
+            WHERE NOT EXISTS (SELECT 1 FROM dwarf.segment g
+                               WHERE g.live AND g.lo <= dwarf_internal.next_flow_id()
+                                 AND dwarf_internal.next_flow_id() < g.hi
+                                 AND s.flow_id >= g.lo AND s.flow_id < g.hi))}),
+	'0 0 0 0', 'after the last pass, no flow is left in the live tables, every segment passed is archived, '
+	  . 'and the only live steps are in the segment the next flow goes to');
 is( $node->safe_psql('conc',
 		q{SELECT count(*) FROM (SELECT id FROM dwarf.flow_all GROUP BY id HAVING count(*) > 1) d}),
 	'0', 'no flow is twice in dwarf.flow and dwarf.flow_archive');
@@ -310,13 +333,16 @@ is( $node->safe_psql('conc', q{
 SELECT count(*) FROM dwarf.step_all s JOIN created c ON c.id = s.flow_id WHERE c.used = 'delete'}),
 	'0', 'no step of a deleted flow is left');
 is( $node->safe_psql('conc', q{
-SELECT (SELECT count(*) FROM dwarf.step s
-         WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = s.flow_id))
+SELECT (SELECT count(*) FROM dwarf.step_all s
+         WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id = s.flow_id))
     || ' ' ||
-       (SELECT count(*) FROM dwarf.step_archive s
-         WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow_archive f
-                            WHERE f.id = s.flow_id AND f.finished_at = s.flow_finished_at))}),
-	'0 0', 'every step row sits beside its flow (live with live, archived with the same finished_at)');
+       (SELECT count(*)
+          FROM (SELECT tableoid, flow_id, true AS live FROM dwarf.step
+                UNION ALL SELECT tableoid, flow_id, false FROM dwarf.step_archive) s
+         WHERE NOT EXISTS (SELECT 1 FROM dwarf.segment g
+                            WHERE s.tableoid = ('dwarf.' || g.relation)::regclass AND g.live = s.live
+                              AND s.flow_id >= g.lo AND s.flow_id < g.hi))}),
+	'0 0', 'every step row has its flow, and sits in the segment that covers its flow id');
 
 is( $node->safe_psql('conc',
 		q{SELECT string_agg(status || '=' || n, ' ' ORDER BY status)

@@ -3,10 +3,18 @@
 # 130_dump_restore.pl: pg_dump of a database that uses dwarf, restored
 # into new databases with pg_restore, carries on every flow.
 #
-# The source database "src" has three graphs and flows of every kind:
+# The source database "src" has four graphs and flows of every kind:
 # completed flows archived by dwarf.maintain() (so the archive has day
 # partitions), completed flows still live, an interrupted flow, and a flow
-# whose task called dwarf.sleep('3 s').  Every task writes a row to an
+# whose task called dwarf.sleep('3 s').  Its step log holds every kind of
+# partition, made at run time by dwarf.maintain (with
+# dwarf.segment_interval = '1 s', so that a few flows pass a segment):
+# live segments attached to dwarf.step (the sleeping flow's steps), archived
+# segments attached to dwarf.step_archive (the archived flows' steps, the
+# live completed flows' steps in a segment handed over whole, and the
+# steps of flows whose ids outran the segments, moved there from the
+# default partition), and dwarf.step_default (the interrupted flow's steps,
+# moved there when its segment went to the archive without it).  Every task writes a row to an
 # application table, app.log, whose primary key (flow, task) fails the step
 # of a task that would run twice.  The sleeping flow's next task, G, waits
 # for an advisory lock that a session holds in "src" only, so that the dump
@@ -21,10 +29,13 @@
 #     pg_restore --jobs=2;
 #   - "dst_one": pg_restore --single-transaction.
 # Each restore exits 0 with nothing on stderr (the archive's day partitions
-# and their indexes restore as they are).  In each restored database:
-# the graphs, every flow (live and archived, in the same place), every step
-# row, each flow's dwarf.history and app.log are what the source had; reads
-# of an archived flow use the day partition's indexes (EXPLAIN); the
+# and the step log's segments, their indexes and triggers restore as they
+# are).  In each restored database: the graphs, every flow (live and
+# archived, in the same day partition), every step row (in the same
+# partition: segment or default, live or archived), dwarf.segment, each
+# flow's dwarf.history and app.log are what the source had; reads of an
+# archived flow use the day partition's and the segment's indexes
+# (EXPLAIN); the
 # sleeping flow wakes and completes with nobody's help, its tasks run once;
 # the interrupted flow resumes (dwarf.resume) and completes; and a new
 # flow's id, its steps' ids and a new graph's id are above every restored
@@ -83,11 +94,14 @@ SELECT dwarf.define('napper', '{"tasks": {"A": "app.a", "N": "app.nap", "G": "ap
   "transitions": [{"chain": ["A", "N", "G", "END"]}], "reducers": {"n": "add", "trail": "append"}}');
 SELECT dwarf.define('asker', '{"tasks": {"A": "app.a", "Q": "app.ask", "C": "app.c"},
   "transitions": [{"chain": ["A", "Q", "C", "END"]}], "reducers": {"n": "add", "trail": "append"}}');
+CREATE FUNCTION app.tick(s jsonb) RETURNS jsonb LANGUAGE sql AS \$\$ SELECT '{"tick": 1}'::jsonb \$\$;
+SELECT dwarf.define('tick', '{"tasks": {"T": "app.tick"}, "transitions": []}');
 });
 
 # ---------------------------------------------------------------- the source
 my $NARCHIVED = 4;
 my $NLIVE     = 3;
+$node->safe_psql('src', q{ALTER DATABASE src SET dwarf.segment_interval = '1 s'});
 is( $node->safe_psql('src', qq{
 SET statement_timeout = '90 s';
 SELECT string_agg(r.status, ',')
@@ -101,6 +115,36 @@ SELECT status FROM dwarf.run('asker', '{}');}),
 	  . join(',', ('completed') x $NLIVE) . "\ninterrupted",
 	"$NARCHIVED completed flows archived, $NLIVE completed flows live, one flow interrupted");
 
+# Flows of graph "tick" until the ids pass both segments the first pass
+# made ahead; the last few have their steps in dwarf.step_default.
+my $ticks = $node->safe_psql('src', q{
+SELECT max(hi) - dwarf_internal.next_flow_id() + 5 FROM dwarf.segment WHERE live});
+$node->safe_psql('src', "SELECT dwarf.create('tick', '{}') FROM generate_series(1, $ticks)");
+ok( $node->poll_query_until('src', q{SELECT count(*) FROM dwarf.flow WHERE status = 'running'}, '0'),
+	"$ticks flows of tick completed");
+is( $node->safe_psql('src', q{
+SELECT count(DISTINCT s.flow_id) FROM dwarf.step_default s
+ WHERE s.flow_id >= (SELECT max(hi) FROM dwarf.segment)}),
+	'5', 'the steps of the 5 flows past the segments are in dwarf.step_default');
+
+# A pass once the interrupted flow's segment has spanned twice
+# dwarf.segment_interval: it hands both segments to the archive (the
+# interrupted flow's steps moved to dwarf.step_default), archives the
+# default's steps of the ids past them into a new archived segment, and
+# makes new live segments at the next id.  No flow row moves.
+ok( $node->poll_query_until('src', q{
+SELECT made_at < now() - interval '2 s' FROM dwarf.segment
+ WHERE (SELECT f.id FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'asker')
+       BETWEEN lo AND hi - 1}),
+	'the interrupted flow\'s segment has spanned twice dwarf.segment_interval');
+my $pass = $node->safe_psql('src', q{SET dwarf.archive_after = '1 h'; SELECT dwarf.maintain()});
+note "second pass: $pass";
+is( $node->safe_psql('src', qq{
+SELECT jsonb_array_length(r->'segments_archived') || ' ' || jsonb_array_length(r->'segments_made') || ' '
+       || (r->>'moved_flows') || ' ' || (r->>'moved_steps')
+  FROM (SELECT \$\$$pass\$\$::jsonb AS r) x}),
+	'2 3 0 7', 'the pass archived 2 segments, made 3 and moved 7 steps (the interrupted flow\'s 2, the 5 ticks\')');
+
 my $gate = $node->background_psql('src');
 $gate->query_safe("SELECT pg_advisory_lock($GATE)");
 my $napper = $node->safe_psql('src', q{SELECT dwarf.create('napper', '{}')});
@@ -110,6 +154,20 @@ ok( $node->poll_query_until('src',
 my $asker = $node->safe_psql('src', q{
 SELECT f.id FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'asker'});
 
+# Where each kind of flow has its steps.
+is( $node->safe_psql('src', q{
+SELECT string_agg(DISTINCT gr.name || ' ' || CASE WHEN f.place = 'archived' THEN 'archived' ELSE 'live' END
+                  || ' flow: ' || CASE WHEN s.tableoid = 'dwarf.step_default'::regclass THEN 'dwarf.step_default'
+                                       WHEN sg.live THEN 'live segment' ELSE 'archived segment' END, ', ')
+  FROM (SELECT tableoid, flow_id FROM dwarf.step UNION ALL SELECT tableoid, flow_id FROM dwarf.step_archive) s
+  JOIN (SELECT 'live' AS place, id, graph_id FROM dwarf.flow
+        UNION ALL SELECT 'archived', id, graph_id FROM dwarf.flow_archive) f ON f.id = s.flow_id
+  JOIN dwarf.graph gr ON gr.id = f.graph_id
+  LEFT JOIN dwarf.segment sg ON s.tableoid = ('dwarf.' || sg.relation)::regclass}),
+	'asker live flow: dwarf.step_default, chain archived flow: archived segment, '
+	  . 'chain live flow: archived segment, napper live flow: live segment, tick live flow: archived segment',
+	'the steps are in every kind of partition: live and archived segments, and the default');
+
 # What a restored database must hold: everything in "src" but the napper
 # flow, which moves on; its steps so far are checked on their own.
 my %reads = (
@@ -117,15 +175,22 @@ my %reads = (
 SELECT string_agg(format('%s %s %s %s %s', id, name, version, definition, owner), E'\n' ORDER BY id)
   FROM dwarf.graph},
 	flows => qq{
-SELECT string_agg(f.place || ' ' || to_jsonb(f)::text, E'\n' ORDER BY f.id)
-  FROM (SELECT 'live' AS place, * FROM dwarf.flow
-        UNION ALL SELECT 'archived', * FROM dwarf.flow_archive) f
+SELECT string_agg(f.part || ' ' || to_jsonb(f)::text, E'\n' ORDER BY f.id)
+  FROM (SELECT tableoid::regclass AS part, * FROM dwarf.flow
+        UNION ALL SELECT tableoid::regclass, * FROM dwarf.flow_archive) f
  WHERE f.id <> $napper},
 	steps => qq{
-SELECT string_agg(s.place || ' ' || to_jsonb(s)::text, E'\n' ORDER BY s.flow_id, s.step_id)
-  FROM (SELECT 'live' AS place, *, NULL::timestamptz AS flow_finished_at FROM dwarf.step
-        UNION ALL SELECT 'archived', * FROM dwarf.step_archive) s
+SELECT string_agg(s.part || ' ' || to_jsonb(s)::text, E'\n' ORDER BY s.flow_id, s.step_id)
+  FROM (SELECT tableoid::regclass AS part, * FROM dwarf.step
+        UNION ALL SELECT tableoid::regclass, * FROM dwarf.step_archive) s
  WHERE s.flow_id <> $napper},
+	partitions => q{
+SELECT string_agg(format('%s of %s: %s %s', c.oid::regclass, i.inhparent::regclass,
+                         pg_get_expr(c.relpartbound, c.oid), c.reloptions), E'\n' ORDER BY c.relname)
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent IN ('dwarf.step'::regclass, 'dwarf.step_archive'::regclass, 'dwarf.flow_archive'::regclass)},
+	segments => q{
+SELECT string_agg(to_jsonb(s)::text, E'\n' ORDER BY s.lo) FROM dwarf.segment s},
 	history => qq{
 SELECT string_agg(f.id || ' ' || (SELECT jsonb_agg(to_jsonb(h) ORDER BY h.step_id)
                                     FROM dwarf.history(f.id) h)::text, E'\n' ORDER BY f.id)
@@ -143,8 +208,9 @@ SELECT (SELECT max(id) FROM dwarf.flow_all) || '|' || (SELECT max(step_id) || '|
 is( $node->safe_psql('src', q{
 SELECT (SELECT count(*) FROM dwarf.flow) || ' ' || (SELECT count(*) FROM dwarf.flow_archive) || ' '
        || (SELECT count(*) FROM dwarf.step) || ' ' || (SELECT count(*) FROM dwarf.step_archive)}),
-	($NLIVE + 2) . " $NARCHIVED " . (3 * $NLIVE + 2 + 2) . ' ' . 3 * $NARCHIVED,
-	'the source has live and archived flows and steps');
+	($NLIVE + 2 + $ticks) . " $NARCHIVED 4 " . (3 * $NARCHIVED + 3 * $NLIVE + $ticks),
+	'the source has live and archived flows, steps in dwarf.step (the napper\'s 2, the asker\'s 2) '
+	  . 'and the others\' in dwarf.step_archive');
 
 # ---------------------------------------------------------------- the dump
 my $dump = PostgreSQL::Test::Utils::tempdir() . '/src.dump';
@@ -183,18 +249,17 @@ sub check_restored
 {
 	my ($db) = @_;
 
-	for my $what (qw(graphs flows steps history app))
+	for my $what (qw(graphs flows steps partitions segments history app))
 	{
 		is($node->safe_psql($db, $reads{$what}), $before{$what},
 			"$db: $what are those of the source");
 	}
 
-	# An archived flow's reads use its day partition's indexes.
-	my ($archived, $closed) = split /\|/, $node->safe_psql($db,
-		q{SELECT id || '|' || finished_at FROM dwarf.flow_archive ORDER BY id LIMIT 1});
+	# An archived flow's reads use its day partition's and its segment's indexes.
+	my $archived = $node->safe_psql($db, q{SELECT id FROM dwarf.flow_archive ORDER BY id LIMIT 1});
 	for my $sql (
 		"SELECT f.finished_at FROM dwarf.flow_archive f WHERE f.id = $archived",
-		"SELECT * FROM dwarf.step_archive s WHERE s.flow_id = $archived AND s.flow_finished_at = '$closed'")
+		"SELECT * FROM dwarf.step_archive s WHERE s.flow_id = $archived")
 	{
 		my $plan = $node->safe_psql($db, "SET enable_seqscan = off; EXPLAIN (COSTS OFF) $sql");
 		ok($plan =~ /Index/ && $plan !~ /Seq Scan/, "$db: an index finds an archived flow: $sql")

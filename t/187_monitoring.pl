@@ -12,7 +12,8 @@
 #     failed 5 (counters, not live-table counts), every dwarf series with
 #     its database label, the flow and step duration histograms whose
 #     le="+Inf" bucket equals _count, the age of the waiting flow, a finite
-#     maintain age after a dwarf.maintain() pass, and no query error;
+#     maintain age after a dwarf.maintain() pass, the step log's live and
+#     archived segments as dwarf.storage counts them, and no query error;
 #  3. every metric that monitoring/dashboard.json and monitoring/alerts.yml
 #     name is in that scrape, and every dashboard query names one;
 #  4. promtool check rules passes on monitoring/alerts.yml.
@@ -189,6 +190,10 @@ ok(defined $age && $age ne '+Inf' && $age >= 0,
 is(value_of('dwarf_health_runners_max', database => 'postgres'),
 	$node->safe_psql('postgres', 'SELECT runners_max FROM dwarf.health WHERE graph IS NULL'),
 	'dwarf_health_runners_max is the health view\'s runners_max');
+is( join(' ', map { value_of("dwarf_storage_$_", database => 'postgres') // 'none' }
+		qw(live_segments archived_segments)),
+	$node->safe_psql('postgres', q{SELECT live_segments || ' ' || archived_segments FROM dwarf.storage}),
+	'dwarf_storage_live_segments and _archived_segments are dwarf.storage\'s counts of the step log\'s segments');
 my $waited = value_of('dwarf_graph_oldest_interrupted_seconds', database => 'postgres', graph => 'refund');
 ok(defined $waited && $waited > 0,
 	'dwarf_graph_oldest_interrupted_seconds{graph="refund"} shows the waiting flow (' . ($waited // 'none') . ')');
