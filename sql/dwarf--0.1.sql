@@ -1333,6 +1333,67 @@ BEGIN
 	END LOOP;
 
 	/*
+	 * Closed flows old enough, oldest first.  A closed child whose parent
+	 * still runs stays: the parent's waiting task looks it up again in the
+	 * live table when it runs again.
+	 */
+	ids := ARRAY(
+		SELECT f.id FROM dwarf.flow f
+		 WHERE f.status IN ('completed', 'failed', 'cancelled')
+		   AND f.finished_at < cutoff
+		   AND (f.parent_id IS NULL OR NOT EXISTS (
+				SELECT 1 FROM dwarf.flow p
+				 WHERE p.id = f.parent_id AND p.status IN ('running', 'interrupted')))
+		 ORDER BY f.finished_at
+		 LIMIT most + 1);
+	IF cardinality(ids) > most THEN
+		more := true;
+		ids := ids[1:most];
+	END IF;
+
+	/* The partitions of the days they closed on, if not there yet. */
+	FOR d IN SELECT DISTINCT (f.finished_at AT TIME ZONE 'UTC')::date AS day
+			   FROM dwarf.flow f WHERE f.id = ANY (ids) ORDER BY 1 LOOP
+		IF dry_run THEN
+			IF to_regclass('dwarf.flow_archive_' || to_char(d.day, 'YYYYMMDD')) IS NULL
+			   AND NOT to_char(d.day, 'YYYY-MM-DD') = ANY (made) THEN
+				made := made || to_char(d.day, 'YYYY-MM-DD');
+			END IF;
+		ELSIF dwarf_internal.make_archive_day(d.day) THEN
+			made := made || to_char(d.day, 'YYYY-MM-DD');
+		END IF;
+	END LOOP;
+
+	/*
+	 * Flow rows are moved in chunks, in one statement each.  Flows locked
+	 * by someone else (dwarf.delete, dwarf.continue) are skipped: the next
+	 * pass takes them.
+	 */
+	i := 1;
+	WHILE NOT dry_run AND i <= coalesce(cardinality(ids), 0) LOOP
+		IF clock_timestamp() - started > budget THEN
+			more := true;
+			EXIT;
+		END IF;
+		WITH picked AS (
+			SELECT id FROM dwarf.flow
+			 WHERE id = ANY (ids[i:i + chunk - 1])
+			   AND status IN ('completed', 'failed', 'cancelled')
+			   FOR UPDATE SKIP LOCKED),
+		 gone AS (DELETE FROM dwarf.flow f USING picked p WHERE f.id = p.id RETURNING f.*),
+		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING id)
+		SELECT count(*) INTO n_flows FROM flows;
+		moved_flows := moved_flows + n_flows;
+		i := i + chunk;
+	END LOOP;
+
+	/*
+	 * The step log's segments come last, after the flow rows' moves, which
+	 * may take seconds: handing a segment over and making one lock
+	 * dwarf.step and its default partition until the pass commits, which
+	 * holds up the workers' writes of steps meanwhile.
+	 */
+	/*
 	 * Live segments that no new flow goes to any more, to the archive.  One
 	 * whose flows have all closed is detached and attached to the archive
 	 * as it is.  One that has spanned twice its interval with a few flows
@@ -1340,9 +1401,8 @@ BEGIN
 	 * dwarf.step_default first (the only steps ever moved).  Detaching
 	 * takes an exclusive lock on dwarf.step, which waits for the workers'
 	 * transactions in progress (a batch: milliseconds) and holds up their
-	 * next ones for as long as the handover takes (no rows are read);
-	 * it waits half a second at most, else the segment waits for the next
-	 * pass.
+	 * next writes of steps until the pass commits; it waits half a second
+	 * at most, else the segment waits for the next pass.
 	 */
 	next_id := dwarf_internal.next_flow_id();
 	FOR g IN SELECT * FROM dwarf.segment s WHERE s.live AND s.hi <= next_id ORDER BY s.lo LOOP
@@ -1467,16 +1527,16 @@ BEGIN
 
 	/*
 	 * Archived segments of the step log go once the newest of their flows
-	 * closed on a day now dropped, and none of their flows is open (one
-	 * that outlived its segment has its steps in dwarf.step_default, and
-	 * more may come there to be archived into this segment).
+	 * closed on a day now dropped, and none of their flows is left in
+	 * dwarf.flow: an open one, which outlived its segment, has its steps in
+	 * dwarf.step_default and more may come there to be archived into this
+	 * segment; a closed one moves to a day partition first, so that no
+	 * flow is ever without its steps.
 	 */
 	FOR g IN SELECT * FROM dwarf.segment s
 			  WHERE NOT s.live
 				AND (coalesce(s.newest_close, s.archived_at) AT TIME ZONE 'UTC')::date < expired_before
-				AND NOT EXISTS (SELECT 1 FROM dwarf.flow f
-								 WHERE f.id >= s.lo AND f.id < s.hi
-								   AND f.status IN ('running', 'interrupted'))
+				AND NOT EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id >= s.lo AND f.id < s.hi)
 			  ORDER BY s.lo LOOP
 		IF dry_run THEN
 			segs_dropped := segs_dropped || g.relation::text;
@@ -1493,43 +1553,12 @@ BEGIN
 		PERFORM set_config('lock_timeout', lock_timeout, true);
 	END LOOP;
 
-	/*
-	 * Closed flows old enough, oldest first.  A closed child whose parent
-	 * still runs stays: the parent's waiting task looks it up again in the
-	 * live table when it runs again.
-	 */
-	ids := ARRAY(
-		SELECT f.id FROM dwarf.flow f
-		 WHERE f.status IN ('completed', 'failed', 'cancelled')
-		   AND f.finished_at < cutoff
-		   AND (f.parent_id IS NULL OR NOT EXISTS (
-				SELECT 1 FROM dwarf.flow p
-				 WHERE p.id = f.parent_id AND p.status IN ('running', 'interrupted')))
-		 ORDER BY f.finished_at
-		 LIMIT most + 1);
-	IF cardinality(ids) > most THEN
-		more := true;
-		ids := ids[1:most];
-	END IF;
-
-	/* The partitions of the days they closed on, if not there yet. */
-	FOR d IN SELECT DISTINCT (f.finished_at AT TIME ZONE 'UTC')::date AS day
-			   FROM dwarf.flow f WHERE f.id = ANY (ids) ORDER BY 1 LOOP
-		IF dry_run THEN
-			IF to_regclass('dwarf.flow_archive_' || to_char(d.day, 'YYYYMMDD')) IS NULL
-			   AND NOT to_char(d.day, 'YYYY-MM-DD') = ANY (made) THEN
-				made := made || to_char(d.day, 'YYYY-MM-DD');
-			END IF;
-		ELSIF dwarf_internal.make_archive_day(d.day) THEN
-			made := made || to_char(d.day, 'YYYY-MM-DD');
-		END IF;
-	END LOOP;
-
 	/* A dry run counts what the moves would take, and stops there. */
 	IF dry_run THEN
 		RETURN jsonb_build_object(
 			'dry_run', true,
 			'moved_flows', coalesce(cardinality(ids), 0),
+			'segments_made', to_jsonb(segs_made),
 			'partitions_made', cardinality(made),
 			'partitions_dropped', cardinality(dropped),
 			'days_made', to_jsonb(made),
@@ -1541,28 +1570,6 @@ BEGIN
 			'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
 	END IF;
 
-	/*
-	 * Flow rows are moved in chunks, in one statement each.  Flows locked
-	 * by someone else (dwarf.delete, dwarf.continue) are skipped: the next
-	 * pass takes them.
-	 */
-	i := 1;
-	WHILE i <= coalesce(cardinality(ids), 0) LOOP
-		IF clock_timestamp() - started > budget THEN
-			more := true;
-			EXIT;
-		END IF;
-		WITH picked AS (
-			SELECT id FROM dwarf.flow
-			 WHERE id = ANY (ids[i:i + chunk - 1])
-			   AND status IN ('completed', 'failed', 'cancelled')
-			   FOR UPDATE SKIP LOCKED),
-		 gone AS (DELETE FROM dwarf.flow f USING picked p WHERE f.id = p.id RETURNING f.*),
-		 flows AS (INSERT INTO dwarf.flow_archive SELECT * FROM gone RETURNING id)
-		SELECT count(*) INTO n_flows FROM flows;
-		moved_flows := moved_flows + n_flows;
-		i := i + chunk;
-	END LOOP;
 
 	result := jsonb_build_object(
 		'moved_flows', moved_flows,
