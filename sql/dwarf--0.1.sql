@@ -1486,7 +1486,7 @@ BEGIN
 		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	END IF;
 	IF NOT FOUND AND ahead THEN
-		width := greatest(64, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
+		width := greatest(min_width, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
 		prev_hi := coalesce((SELECT max(s.hi) FROM dwarf.segment s), 0);
 		IF prev_hi < next_id THEN
 			segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, next_id, false)::text;
@@ -1495,7 +1495,7 @@ BEGIN
 		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	END IF;
 	IF FOUND AND ahead AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
-		width := greatest(64, ((next_id - g.lo) * extract(epoch FROM span)
+		width := greatest(min_width, ((next_id - g.lo) * extract(epoch FROM span)
 								 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
 		segs_made := segs_made || dwarf_internal.make_step_segment(g.hi, g.hi + width, true)::text;
 	END IF;
