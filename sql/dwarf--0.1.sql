@@ -1278,6 +1278,12 @@ DECLARE
 	next_id		bigint;
 	ahead		boolean;
 	prev_hi		bigint;
+	/*
+	 * A segment holds at least the flows of its interval at 16 a second
+	 * (at most 16,384), so that a burst of creates between two passes
+	 * still finds its segments made.
+	 */
+	min_width	bigint := greatest(64, least(16384, (extract(epoch FROM span) * 16)::bigint));
 	width		bigint;
 	n_open		bigint;
 	n_all		bigint;
