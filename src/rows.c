@@ -599,7 +599,11 @@ FlushBuffer(StepBuffer *buf)
 	SettleRows(buf);
 }
 
-/* Writes every step row not in the heap yet. */
+/*
+ * Writes every step row not in the heap yet.  An error on the way (a
+ * unique violation, say) leaves the rows waiting; a subtransaction that
+ * catches it rolls back what was written, and they are written again later.
+ */
 static void
 FlushSteps(void)
 {
@@ -608,10 +612,17 @@ FlushSteps(void)
 	if (NWaiting == 0 || Flushing)
 		return;
 	Flushing = true;
-	for (b = 0; b < NBuffers; b++)
-		FlushBuffer(&Buffers[b]);
+	PG_TRY();
+	{
+		for (b = 0; b < NBuffers; b++)
+			FlushBuffer(&Buffers[b]);
+	}
+	PG_FINALLY();
+	{
+		Flushing = false;
+	}
+	PG_END_TRY();
 	Recount();
-	Flushing = false;
 }
 
 /* Error context of a step row's routing and checks: the flow it is of. */
