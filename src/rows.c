@@ -118,14 +118,17 @@ static RowTable Flows = {"flow", FlowColumnNames, FC_COUNT};
  *	  steps as it did when each row was inserted at once.
  *
  * Visibility.  A row is written with the command id it had when it was
- * buffered (the smallest of a buffer's rows: table_multi_insert takes one),
- * not the command id current when the buffer is written.  A snapshot of
- * this transaction that was taken after a row was buffered therefore sees
- * it, as it saw the row inserted at once, with no command counter increment
- * and no change to the reading statement's snapshot.  (What it may see in
- * addition is a row buffered after its snapshot was taken but before the
- * statement started, which a statement run with a newer command id, as SPI
- * runs each one, sees anyway.)
+ * buffered (the smallest of the buffer's rows: table_multi_insert takes
+ * one), not the command id current when the buffer is written.  So a
+ * snapshot whose command id is past a row's, which saw the row inserted at
+ * once, sees it written late too, with no command counter increment and no
+ * change to the reading statement's snapshot (setting its curcid would
+ * also change what it sees of the other tables it reads, and of a snapshot
+ * it may share with the statement that called it).  What a snapshot may
+ * see in addition is a row buffered after it was taken but before the
+ * reading statement started: this transaction's own row, which the
+ * statement would have seen had it run with a newer command id, as SPI
+ * runs each statement that may write.
  *
  * Subtransactions.  A row is tagged with the subtransaction that buffered
  * it (its owner) and, once in the heap, with the one it was written under.
