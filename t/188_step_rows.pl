@@ -271,7 +271,9 @@ sub run_checks
 	my $l0 = $node->safe_psql('postgres', 'SELECT pg_current_wal_lsn()');
 	($lo, $hi) = create_flows($node, 'ten', 500, "jsonb_build_object('i', i)");
 	flows_closed($node, $lo, $hi, "$mode (d): the burst of 500 ten-step flows closed");
-	my $l1 = $node->safe_psql('postgres', 'SELECT pg_current_wal_lsn()');
+	# the flows' commits are flushed (synchronous_commit): so is their WAL, which
+	# pg_walinspect reads only up to the flush position
+	my $l1 = $node->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()');
 	is( $node->safe_psql('postgres',
 			"SELECT count(*) FROM dwarf.step WHERE flow_id BETWEEN $lo AND $hi AND status = 'completed'"),
 		'5000', "$mode (d): 5000 step rows");
