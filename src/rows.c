@@ -13,6 +13,14 @@
  * dwarf's: no user trigger fires for them, as for any extension's own
  * bookkeeping.
  *
+ * Step rows are not inserted one by one: they wait in a buffer, one per
+ * table they go to (dwarf.step, or the partition of dwarf.step that the
+ * executor's tuple routing picks for the row's flow_id), and are written
+ * together with table_multi_insert, as COPY writes its rows: one WAL record
+ * per heap page instead of one per row.  Nothing may see the difference:
+ * see "The step buffer" below for what writes the rows, when, and under
+ * which transaction.
+ *
  * Anything out of the ordinary goes back to the statements in flows.c and
  * store.c: a create with an idempotency key or an option this file does not
  * know, and a close that meets a concurrent change (a cancel), which the
@@ -26,11 +34,14 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/partition.h"
+#include "catalog/pg_class.h"
 #include "rewrite/rewriteHandler.h"
 #include "executor/execPartition.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_relation.h"
+#include "partitioning/partdesc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
@@ -38,6 +49,7 @@
 #include "utils/memutils.h"
 #include "utils/numeric.h"
 #include "utils/rel.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 
 #include "dwarf.h"
@@ -91,6 +103,96 @@ static RowTable Steps = {"step", StepColumnNames, SC_COUNT};
 static RowTable Flows = {"flow", FlowColumnNames, FC_COUNT};
 
 /*
+ * The step buffer.
+ *
+ * RowsInsertStep checks a step row (ExecConstraints, on the partition it
+ * is routed to when dwarf.step is partitioned) and copies it into a slot of
+ * the buffer of its table; the buffer is written with table_multi_insert
+ * and then ExecInsertIndexTuples for each row, as COPY FROM does.  A
+ * buffer is written
+ *  - when it holds STEP_BUFFER_ROWS rows or STEP_BUFFER_BYTES of them;
+ *  - at RowsEnd, before the batch's commit, and at XACT_EVENT_PRE_COMMIT
+ *	  (and PRE_PREPARE) for any other way to commit: no commit loses a row;
+ *  - before a statement of this process reads dwarf.step or one of its
+ *	  partitions (or a view over them: the rewritten plan's range table
+ *	  names the table), from an ExecutorStart hook, so that a task reading
+ *	  its own flow's history (dwarf.history, dwarf.fork) sees its earlier
+ *	  steps as it did when each row was inserted at once.
+ *
+ * Visibility.  A row is written with the command id it had when it was
+ * buffered (the smallest of the buffer's rows: table_multi_insert takes
+ * one), not the command id current when the buffer is written.  So a
+ * snapshot whose command id is past a row's, which saw the row inserted at
+ * once, sees it written late too, with no command counter increment and no
+ * change to the reading statement's snapshot (setting its curcid would
+ * also change what it sees of the other tables it reads, and of a snapshot
+ * it may share with the statement that called it).  What a snapshot may
+ * see in addition is a row buffered after it was taken but before the
+ * reading statement started: this transaction's own row, which the
+ * statement would have seen had it run with a newer command id, as SPI
+ * runs each statement that may write.
+ *
+ * Subtransactions.  A row is tagged with the subtransaction that buffered
+ * it (its owner) and, once in the heap, with the one it was written under.
+ * A buffer is written under the current subtransaction, whose xid the
+ * rows get; the start of a subtransaction cannot write the rows under its
+ * parent's xid instead (when SUBXACT_EVENT_START_SUB is called the child
+ * is already the current transaction), so nothing is written then: the
+ * parent's rows stay buffered until the parent writes them.  When a child
+ * has to write rows of an ancestor (a statement in it reads dwarf.step, or
+ * the buffer is full) they go into the heap under the child's xid and stay
+ * held as copies: when the child commits they are its parent's (and done
+ * when that is their owner); when it rolls back they are gone from the
+ * heap with it and wait again, to be written by their owner.  A row that a
+ * subtransaction buffered is dropped when it rolls back.
+ */
+#define STEP_BUFFER_ROWS	1000
+#define STEP_BUFFER_BYTES	(64 * 1024)
+
+/* A step row held in a buffer. */
+typedef struct HeldRow
+{
+	TupleTableSlot *slot;		/* the row, materialized */
+	CommandId	cid;			/* the command that buffered it */
+	SubTransactionId owner;		/* the subtransaction that did; Invalid: dropped */
+	SubTransactionId written;	/* the one it is in the heap under; Invalid: not yet */
+	Size		len;			/* its heap tuple's length */
+} HeldRow;
+
+/* The rows waiting for one table: dwarf.step, or a partition of it. */
+typedef struct StepBuffer
+{
+	ResultRelInfo *rri;			/* the table's, with its indexes */
+	Oid			relid;
+	List	   *ancestors;		/* partitioned tables between it and dwarf.step */
+	HeldRow    *rows;			/* [0, nrows): held; [nrows, nslots): spare slots */
+	TupleTableSlot **batch;		/* room for a table_multi_insert's slots */
+	int			nrows;
+	int			nslots;
+	int			size;			/* length of rows and batch */
+	int			nwaiting;		/* held rows not in the heap yet */
+	Size		waiting_bytes;	/* and their size */
+} StepBuffer;
+
+static StepBuffer *Buffers = NULL; /* this transaction's, in RowsState */
+static int	NBuffers = 0;
+static int	BuffersSize = 0;
+static int	LastBuffer = -1;	/* the one the last row went to */
+static int	NWaiting = 0;		/* rows not in the heap yet, in all buffers */
+static int	NHeld = 0;			/* rows held, in all buffers */
+static bool Flushing = false;	/* writing buffers: a read then must not */
+
+/* dwarf.step partitioned: the executor's tuple routing, set up as COPY does */
+static ModifyTableState *StepsRoutingState = NULL;
+static PartitionTupleRouting *StepsRouting = NULL;
+
+static bool RowsHooksRegistered = false;
+static ExecutorStart_hook_type PrevExecutorStart = NULL;
+
+static void RegisterRowsHooks(void);
+static void FlushSteps(void);
+
+/*
  * Finds where dwarf's columns are in the table, and prepares the defaults
  * of the others: a column an administrator added gets its default, as an
  * INSERT that does not name it would give it; a dropped one is skipped.
@@ -133,14 +235,24 @@ FindColumns(RowTable *t)
 	pfree(ours);
 }
 
+/*
+ * Opens t for this transaction, once: as a result relation with its
+ * indexes (none for a partitioned table, whose rows are its partitions').
+ * Relations and slots are the top transaction's resources even when this
+ * runs in a subtransaction: they stay open until RowsEnd, whatever a
+ * subtransaction does meanwhile.
+ */
 static RowTable *
 OpenTable(RowTable *t)
 {
 	MemoryContext old;
+	ResourceOwner owner = CurrentResourceOwner;
 	int			i;
 
 	if (t->rel != NULL)
 		return t;
+	if (!RowsHooksRegistered)
+		RegisterRowsHooks();
 	if (RowsState == NULL)
 	{
 		old = MemoryContextSwitchTo(TopTransactionContext);
@@ -148,11 +260,13 @@ OpenTable(RowTable *t)
 		MemoryContextSwitchTo(old);
 	}
 	old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+	CurrentResourceOwner = TopTransactionResourceOwner;
 	t->rel = table_open(get_relname_relid(t->name, get_namespace_oid("dwarf", false)),
 						RowExclusiveLock);
 	t->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(t->rri, t->rel, 0, NULL, 0);
-	ExecOpenIndices(t->rri, false);
+	if (t->rel->rd_rel->relkind != RELKIND_PARTITIONED_TABLE)
+		ExecOpenIndices(t->rri, false);
 	t->pkey = NULL;
 	for (i = 0; i < t->rri->ri_NumIndices; i++)
 		if (RelationGetRelid(t->rri->ri_IndexRelationDescs[i]) == RelationGetPrimaryKeyIndex(t->rel))
@@ -173,6 +287,7 @@ OpenTable(RowTable *t)
 		t->proute = ExecSetupPartitionTupleRouting(RowsState, t->rel);
 	}
 	FindColumns(t);
+	CurrentResourceOwner = owner;
 	MemoryContextSwitchTo(old);
 	return t;
 }
@@ -213,23 +328,68 @@ CloseTable(RowTable *t, bool committing)
 	t->rel = NULL;
 }
 
-/* Before the batch's commit: closes what this transaction opened. */
+/*
+ * Closes the step buffers (written: empty) and the partitions the routing
+ * opened.
+ */
+static void
+CloseSteps(void)
+{
+	int			b,
+				i;
+
+	Assert(NHeld == 0);
+	for (b = 0; b < NBuffers; b++)
+		for (i = 0; i < Buffers[b].nslots; i++)
+			ExecDropSingleTupleTableSlot(Buffers[b].rows[i].slot);
+	if (StepsRouting)
+		ExecCleanupTupleRouting(StepsRoutingState, StepsRouting);
+}
+
+/* Forgets the step buffers: their memory and resources went with RowsState. */
+static void
+ForgetSteps(void)
+{
+	Buffers = NULL;
+	NBuffers = BuffersSize = 0;
+	LastBuffer = -1;
+	NWaiting = NHeld = 0;
+	Flushing = false;
+	StepsRoutingState = NULL;
+	StepsRouting = NULL;
+}
+
+/*
+ * Before the batch's commit: writes the buffered step rows and closes what
+ * this transaction opened.
+ */
 void
 RowsEnd(void)
 {
+	ResourceOwner owner = CurrentResourceOwner;
+
+	if (RowsState == NULL)
+		return;
+	FlushSteps();
+	CurrentResourceOwner = TopTransactionResourceOwner;
+	if (Steps.rel != NULL)
+		CloseSteps();
+	ForgetSteps();
 	CloseTable(&Steps, true);
 	CloseTable(&Flows, true);
-	if (RowsState)
-		FreeExecutorState(RowsState);
+	ExecResetTupleTable(RowsState->es_tupleTable, false);
+	FreeExecutorState(RowsState);
 	RowsState = NULL;
+	CurrentResourceOwner = owner;
 }
 
-/* After a rollback: the abort released it all. */
+/* After a rollback: the abort released it all, buffered rows included. */
 void
 RowsForget(void)
 {
 	CloseTable(&Steps, false);
 	CloseTable(&Flows, false);
+	ForgetSteps();
 	RowsState = NULL;
 }
 
@@ -259,11 +419,265 @@ InsertSlot(RowTable *t)
 	ResetPerTupleExprContext(RowsState);
 }
 
-/* Appends a step's row: values and nulls indexed by StepColumn. */
+/*
+ * Sets up the routing of step rows to dwarf.step's partitions, once per
+ * transaction, as COPY FROM does for a partitioned table: the executor's
+ * own tuple routing (ExecFindPartition) finds a row's partition by its
+ * flow_id in the parent's partition descriptor (a binary search of the
+ * range bounds, the default partition when none holds it, an error that
+ * names the key when there is no default either), opens each partition
+ * once with its indexes as a result relation, converts a row for a
+ * partition whose columns are laid out otherwise, and re-checks the default
+ * partition's constraint (a partition attached concurrently).  The parent
+ * is locked RowExclusiveLock (OpenTable) before its descriptor is read.
+ */
+static void
+SetUpRouting(void)
+{
+	MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+	ResourceOwner owner = CurrentResourceOwner;
+
+	CurrentResourceOwner = TopTransactionResourceOwner;
+	StepsRoutingState = makeNode(ModifyTableState);
+	StepsRoutingState->ps.plan = NULL;
+	StepsRoutingState->ps.state = RowsState;
+	StepsRoutingState->operation = CMD_INSERT;
+	StepsRoutingState->mt_nrels = 1;
+	StepsRoutingState->resultRelInfo = Steps.rri;
+	StepsRoutingState->rootResultRelInfo = Steps.rri;
+	StepsRouting = ExecSetupPartitionTupleRouting(RowsState, Steps.rel);
+	CurrentResourceOwner = owner;
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * The partitioned tables between a partition of dwarf.step and dwarf.step
+ * (none when it is one of dwarf.step's own partitions): a statement that
+ * reads one of them reads the partition's rows too.
+ */
+static List *
+PartitionedAncestors(Oid relid)
+{
+	PartitionDesc desc = RelationGetPartitionDesc(Steps.rel, false);
+	List	   *ancestors;
+	int			i;
+
+	for (i = 0; i < desc->nparts; i++)
+		if (desc->oids[i] == relid)
+			return NIL;
+	ancestors = get_partition_ancestors(relid);
+	return list_delete_oid(ancestors, RelationGetRelid(Steps.rel));
+}
+
+/* The buffer of the table rri is for, made if there is none yet. */
+static StepBuffer *
+BufferOf(ResultRelInfo *rri)
+{
+	MemoryContext old;
+	StepBuffer *buf;
+	int			b;
+
+	if (LastBuffer >= 0 && Buffers[LastBuffer].rri == rri)
+		return &Buffers[LastBuffer];
+	for (b = 0; b < NBuffers; b++)
+		if (Buffers[b].rri == rri)
+			return &Buffers[LastBuffer = b];
+
+	old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+	if (NBuffers == BuffersSize)
+	{
+		BuffersSize = Max(4, BuffersSize * 2);
+		Buffers = Buffers ? repalloc(Buffers, sizeof(StepBuffer) * BuffersSize) :
+			palloc(sizeof(StepBuffer) * BuffersSize);
+	}
+	buf = &Buffers[LastBuffer = NBuffers++];
+	memset(buf, 0, sizeof(StepBuffer));
+	buf->rri = rri;
+	buf->relid = RelationGetRelid(rri->ri_RelationDesc);
+	if (rri != Steps.rri)
+		buf->ancestors = PartitionedAncestors(buf->relid);
+	MemoryContextSwitchTo(old);
+	return buf;
+}
+
+/*
+ * A new held row in buf, with a slot for it: a spare one, or one made as a
+ * top transaction resource (see OpenTable).
+ */
+static HeldRow *
+AddRow(StepBuffer *buf)
+{
+	if (buf->nrows == buf->size)
+	{
+		MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+
+		buf->size = Max(64, buf->size * 2);
+		buf->rows = buf->rows ? repalloc(buf->rows, sizeof(HeldRow) * buf->size) :
+			palloc(sizeof(HeldRow) * buf->size);
+		buf->batch = buf->batch ? repalloc(buf->batch, sizeof(TupleTableSlot *) * buf->size) :
+			palloc(sizeof(TupleTableSlot *) * buf->size);
+		MemoryContextSwitchTo(old);
+	}
+	if (buf->nrows == buf->nslots)
+	{
+		MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+		ResourceOwner owner = CurrentResourceOwner;
+
+		CurrentResourceOwner = TopTransactionResourceOwner;
+		buf->rows[buf->nslots++].slot = table_slot_create(buf->rri->ri_RelationDesc, NULL);
+		CurrentResourceOwner = owner;
+		MemoryContextSwitchTo(old);
+	}
+	return &buf->rows[buf->nrows++];
+}
+
+/* Counts the rows held and waiting in all buffers again. */
+static void
+Recount(void)
+{
+	int			b;
+
+	NWaiting = NHeld = 0;
+	for (b = 0; b < NBuffers; b++)
+	{
+		NWaiting += Buffers[b].nwaiting;
+		NHeld += Buffers[b].nrows;
+	}
+}
+
+/*
+ * Lets go of the rows of buf that are done (in the heap under the
+ * subtransaction that owns them) or dropped (their owner rolled back),
+ * keeping the others in order and the slots for reuse; counts the rows
+ * still waiting.
+ */
+static void
+SettleRows(StepBuffer *buf)
+{
+	int			kept = 0;
+	int			nfree = 0;
+	int			i;
+
+	buf->nwaiting = 0;
+	buf->waiting_bytes = 0;
+	for (i = 0; i < buf->nrows; i++)
+	{
+		HeldRow		row = buf->rows[i];
+
+		if (row.owner == InvalidSubTransactionId || row.written == row.owner)
+		{
+			ExecClearTuple(row.slot);
+			buf->batch[nfree++] = row.slot;
+			continue;
+		}
+		if (row.written == InvalidSubTransactionId)
+		{
+			buf->nwaiting++;
+			buf->waiting_bytes += row.len;
+		}
+		buf->rows[kept++] = row;
+	}
+	for (i = 0; i < nfree; i++)
+		buf->rows[kept + i].slot = buf->batch[i];
+	buf->nrows = kept;
+}
+
+/*
+ * Writes the rows of buf that are not in the heap yet, under the current
+ * subtransaction: table_multi_insert, then their index entries, as COPY
+ * does after a multi-insert.  No BulkInsertState: its ring of buffers
+ * would have the pages just written evicted first, while they are the
+ * hottest of the table (the next batch appends to the last one, reads of a
+ * running flow's history find them), and it would keep the last page
+ * pinned between writes.
+ */
+static void
+FlushBuffer(StepBuffer *buf)
+{
+	Relation	rel = buf->rri->ri_RelationDesc;
+	SubTransactionId current = GetCurrentSubTransactionId();
+	CommandId	cid = InvalidCommandId;
+	MemoryContext old;
+	int			n = 0;
+	int			i;
+
+	if (buf->nwaiting == 0)
+		return;
+	for (i = 0; i < buf->nrows; i++)
+	{
+		HeldRow    *row = &buf->rows[i];
+
+		if (row->written != InvalidSubTransactionId)
+			continue;
+		buf->batch[n++] = row->slot;
+		if (cid == InvalidCommandId || row->cid < cid)
+			cid = row->cid;
+	}
+	old = MemoryContextSwitchTo(GetPerTupleMemoryContext(RowsState));
+	table_multi_insert(rel, buf->batch, n, cid, 0, NULL);
+	MemoryContextSwitchTo(old);
+	ResetPerTupleExprContext(RowsState);
+	if (buf->rri->ri_NumIndices > 0)
+		for (i = 0; i < n; i++)
+		{
+			list_free(ExecInsertIndexTuples(buf->rri, buf->batch[i], RowsState,
+											false, false, NULL, NIL));
+			ResetPerTupleExprContext(RowsState);
+		}
+	for (i = 0; i < buf->nrows; i++)
+		if (buf->rows[i].written == InvalidSubTransactionId)
+			buf->rows[i].written = current;
+	SettleRows(buf);
+}
+
+/*
+ * Writes every step row not in the heap yet.  An error on the way (a
+ * unique violation, say) leaves the rows waiting; a subtransaction that
+ * catches it rolls back what was written, and they are written again later.
+ */
+static void
+FlushSteps(void)
+{
+	int			b;
+
+	if (NWaiting == 0 || Flushing)
+		return;
+	Flushing = true;
+	PG_TRY();
+	{
+		for (b = 0; b < NBuffers; b++)
+			FlushBuffer(&Buffers[b]);
+	}
+	PG_FINALLY();
+	{
+		Flushing = false;
+	}
+	PG_END_TRY();
+	Recount();
+}
+
+/* Error context of a step row's routing and checks: the flow it is of. */
+static void
+StepRowContext(void *arg)
+{
+	errcontext("step row of flow " INT64_FORMAT " for dwarf.step", *(int64 *) arg);
+}
+
+/*
+ * Appends a step's row: values and nulls indexed by StepColumn.  The row is
+ * checked now and buffered (copied: the caller may free what values point
+ * to); see "The step buffer" for when it is written.
+ */
 void
 RowsInsertStep(Datum *values, bool *nulls)
 {
 	RowTable   *t = OpenTable(&Steps);
+	ResultRelInfo *rri = t->rri;
+	TupleTableSlot *slot = t->slot;
+	ErrorContextCallback context;
+	int64		flow_id = DatumGetInt64(values[SC_FLOW_ID]);
+	StepBuffer *buf;
+	HeldRow    *row;
 	int			i;
 
 	NewRow(t);
@@ -272,7 +686,171 @@ RowsInsertStep(Datum *values, bool *nulls)
 		t->slot->tts_values[t->column[i]] = values[i];
 		t->slot->tts_isnull[t->column[i]] = nulls[i];
 	}
-	InsertSlot(t);
+	ExecStoreVirtualTuple(t->slot);
+
+	context.callback = StepRowContext;
+	context.arg = &flow_id;
+	context.previous = error_context_stack;
+	error_context_stack = &context;
+	if (t->rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
+	{
+		ResourceOwner owner = CurrentResourceOwner;
+
+		if (StepsRouting == NULL)
+			SetUpRouting();
+		/* a partition it opens is the top transaction's, as in OpenTable */
+		CurrentResourceOwner = TopTransactionResourceOwner;
+		rri = ExecFindPartition(StepsRoutingState, t->rri, StepsRouting, slot, RowsState);
+		CurrentResourceOwner = owner;
+		if (rri->ri_RootToPartitionMap)
+			slot = execute_attr_map_slot(rri->ri_RootToPartitionMap->attrMap, slot,
+										 rri->ri_PartitionTupleSlot);
+	}
+	if (rri->ri_RelationDesc->rd_att->constr)
+		ExecConstraints(rri, slot, RowsState);
+	error_context_stack = context.previous;
+
+	buf = BufferOf(rri);
+	row = AddRow(buf);
+	ExecCopySlot(row->slot, slot);
+	row->len = ExecFetchSlotHeapTuple(row->slot, false, NULL)->t_len;
+	row->cid = GetCurrentCommandId(true);
+	row->owner = GetCurrentSubTransactionId();
+	row->written = InvalidSubTransactionId;
+	buf->nwaiting++;
+	buf->waiting_bytes += row->len;
+	NWaiting++;
+	NHeld++;
+	ExecClearTuple(t->slot);
+	ResetPerTupleExprContext(RowsState);
+	if (buf->nwaiting >= STEP_BUFFER_ROWS || buf->waiting_bytes >= STEP_BUFFER_BYTES)
+		FlushSteps();
+}
+
+/*
+ * Transaction callback: a commit (or a prepare) writes what is buffered
+ * first, whatever path it comes by; an abort drops it.
+ */
+static void
+RowsXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			if (RowsState != NULL)
+			{
+				/* a toasted value is written under a snapshot */
+				bool		pushed = NWaiting > 0 && !ActiveSnapshotSet();
+
+				if (pushed)
+					PushActiveSnapshot(GetTransactionSnapshot());
+				RowsEnd();
+				if (pushed)
+					PopActiveSnapshot();
+			}
+			break;
+		case XACT_EVENT_ABORT:
+			RowsForget();
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Subtransaction callback: the rows a subtransaction buffered are its
+ * parent's when it commits and dropped when it rolls back; rows of its
+ * ancestors that it wrote (in the heap under its xid) are its parent's
+ * when it commits, and wait again when it rolls back.  The subtransaction
+ * ending is still the current one; any subtransaction started after it is
+ * one of its children, ended before it.
+ */
+static void
+RowsSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+					SubTransactionId parentSubid, void *arg)
+{
+	bool		commit = event == SUBXACT_EVENT_COMMIT_SUB;
+	int			b,
+				i;
+
+	if (NHeld == 0 || (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB))
+		return;
+	for (b = 0; b < NBuffers; b++)
+	{
+		StepBuffer *buf = &Buffers[b];
+
+		for (i = 0; i < buf->nrows; i++)
+		{
+			HeldRow    *row = &buf->rows[i];
+			bool		in_heap_under_it = row->written != InvalidSubTransactionId &&
+				row->written >= mySubid;
+
+			if (row->owner >= mySubid)
+				row->owner = commit ? parentSubid : InvalidSubTransactionId;
+			if (in_heap_under_it)
+				row->written = commit ? parentSubid : InvalidSubTransactionId;
+		}
+		SettleRows(buf);
+	}
+	Recount();
+}
+
+/* Whether a plan's range table names dwarf.step, or a table holding rows of a buffer. */
+static bool
+ReadsSteps(List *rtable)
+{
+	Oid			steps = RelationGetRelid(Steps.rel);
+	ListCell   *lc;
+	int			b;
+
+	foreach(lc, rtable)
+	{
+		RangeTblEntry *rte = lfirst(lc);
+
+		if (rte->rtekind != RTE_RELATION)
+			continue;
+		if (rte->relid == steps)
+			return true;
+		for (b = 0; b < NBuffers; b++)
+			if (Buffers[b].nwaiting > 0 &&
+				(rte->relid == Buffers[b].relid ||
+				 list_member_oid(Buffers[b].ancestors, rte->relid)))
+				return true;
+	}
+	return false;
+}
+
+/*
+ * ExecutorStart hook: a statement that reads buffered step rows' tables
+ * has them written first (see "The step buffer").  With nothing buffered
+ * it costs one test.
+ */
+static void
+RowsExecutorStart(QueryDesc *queryDesc, int eflags)
+{
+	if (NWaiting > 0 && !Flushing && (eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0 &&
+		Steps.rel != NULL && ReadsSteps(queryDesc->plannedstmt->rtable))
+		FlushSteps();
+	if (PrevExecutorStart)
+		PrevExecutorStart(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+/*
+ * Registers the callbacks and the hook above, once per process, when it
+ * first opens one of dwarf's tables here: a process that never does pays
+ * nothing for them.
+ */
+static void
+RegisterRowsHooks(void)
+{
+	RegisterXactCallback(RowsXactCallback, NULL);
+	RegisterSubXactCallback(RowsSubXactCallback, NULL);
+	PrevExecutorStart = ExecutorStart_hook;
+	ExecutorStart_hook = RowsExecutorStart;
+	RowsHooksRegistered = true;
 }
 
 /* A string field of the options, as text; false if it is there but not a string. */

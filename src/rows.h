@@ -1,7 +1,10 @@
 /*
  * rows.h
  *		A worker's writes of dwarf's own rows without a statement (rows.c):
- *		step rows, the flows dwarf.run creates, a flow's close.
+ *		step rows, the flows dwarf.run creates, a flow's close.  Step rows
+ *		are buffered and written together (table_multi_insert): by RowsEnd,
+ *		at the latest before the transaction commits, and before a statement
+ *		of this process reads dwarf.step.
  */
 #ifndef DWARF_ROWS_H
 #define DWARF_ROWS_H
