@@ -314,11 +314,13 @@ CREATE TABLE dwarf.segment (
 	live		boolean NOT NULL,
 	made_at		timestamptz NOT NULL DEFAULT now(),
 	archived_at timestamptz,
-	newest_close timestamptz
+	newest_close timestamptz,
+	summarized_to bigint
 );
 COMMENT ON TABLE dwarf.segment IS
 	'The partitions of the step log: flow ids [lo, hi), in dwarf.step (live) or dwarf.step_archive; '
-	'newest_close: the latest close of a flow whose steps it holds, which dwarf.retention counts from';
+	'newest_close: the latest close of a flow whose steps it holds, which dwarf.retention counts from; '
+	'summarized_to: how many block ranges of 128 pages its index on step_id summarizes';
 REVOKE ALL ON dwarf.segment FROM PUBLIC;
 GRANT SELECT ON dwarf.segment TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('dwarf.segment', '');
@@ -1399,6 +1401,25 @@ BEGIN
 	 * dwarf.step and its default partition until the pass commits, which
 	 * holds up the workers' writes of steps meanwhile.
 	 */
+	/*
+	 * A segment is never vacuumed, so its block-range index on step_id
+	 * (dwarf.step_key's and dwarf.fork's lookups) is summarized here: the
+	 * whole ranges each live segment filled since the last pass.  A range
+	 * not summarized matches every lookup; the last one, still filling, is
+	 * left as it is, so that no insert has a summary to widen (a WAL
+	 * record each).
+	 */
+	IF NOT dry_run THEN
+		FOR g IN SELECT * FROM dwarf.segment s WHERE s.live LOOP
+			PERFORM pg_catalog.brin_summarize_range(to_regclass(format('dwarf.%I', g.relation || '_step_id')), r * 128)
+			   FROM generate_series(coalesce(g.summarized_to, 0),
+									pg_relation_size(format('dwarf.%I', g.relation)) / 8192 / 128 - 1) r
+			  WHERE to_regclass(format('dwarf.%I', g.relation || '_step_id')) IS NOT NULL;
+			UPDATE dwarf.segment s SET summarized_to = pg_relation_size(format('dwarf.%I', g.relation)) / 8192 / 128
+			 WHERE s.lo = g.lo;
+		END LOOP;
+	END IF;
+
 	/*
 	 * Live segments that no new flow goes to any more, to the archive.  One
 	 * whose flows have all closed is detached and attached to the archive
