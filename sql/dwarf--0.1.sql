@@ -1260,6 +1260,7 @@ DECLARE
 	n_dropped	bigint;
 	chunk		constant int := 2000;		/* flows moved per statement */
 	most		constant int := 200000;		/* flows moved per pass */
+	default_most constant int := 500000;	/* steps moved out of dwarf.step_default per pass */
 	budget		constant interval := '20 s';
 	ids			bigint[];
 	moved_flows bigint := 0;
@@ -1299,6 +1300,16 @@ BEGIN
 	END IF;
 	/* One pass at a time: a second caller waits, then finds less to do. */
 	PERFORM pg_advisory_xact_lock(1685551730, 1);	/* 'dwar', 1 */
+
+	/*
+	 * The pass holds the rows it moves while it waits for the locks of
+	 * its DDL, and a session that read dwarf.step and then waits for one
+	 * of those rows makes a cycle.  Whoever's deadlock check runs first
+	 * fails; with this, it is the pass's (each wait below gives up at once
+	 * on a cycle and leaves its partition to the next pass), not the
+	 * application's.
+	 */
+	PERFORM set_config('deadlock_timeout', '10ms', true);
 
 	/*
 	 * Partitions first, before this pass locks any row: a session that
@@ -1401,6 +1412,40 @@ BEGIN
 	 * dwarf.step and its default partition until the pass commits, which
 	 * holds up the workers' writes of steps meanwhile.
 	 */
+	/*
+	 * Steps in dwarf.step_default of flows that have closed, under an
+	 * archived segment: moved there.  They are the steps of flows that
+	 * outlived their segment, or that were created before a segment
+	 * covered them (before the first pass, or in a burst past the
+	 * segments made), so few once the segments run ahead.  This comes
+	 * before the handovers, whose lock on dwarf.step would hold up the
+	 * workers for as long as the move takes, and moves at most
+	 * default_most steps a pass, so that a pass after a burst does not
+	 * run for minutes: the next passes move the rest.
+	 */
+	IF NOT dry_run THEN
+		WITH gone AS (
+			DELETE FROM dwarf.step_default x
+			 WHERE x.ctid = ANY (ARRAY(
+				SELECT y.ctid FROM dwarf.step_default y
+				 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
+									WHERE f.id = y.flow_id AND f.status IN ('running', 'interrupted'))
+				   AND EXISTS (SELECT 1 FROM dwarf.segment s
+								WHERE NOT s.live AND y.flow_id >= s.lo AND y.flow_id < s.hi)
+				 LIMIT default_most))
+			RETURNING x.*),
+		 put AS (INSERT INTO dwarf.step_archive SELECT * FROM gone RETURNING flow_id)
+		SELECT count(*) INTO n_steps FROM put;
+		IF n_steps > 0 THEN
+			moved_steps := moved_steps + n_steps;
+			more := more OR n_steps = default_most;
+			UPDATE dwarf.segment s SET newest_close = greatest(s.newest_close, maintain_at.now)
+			 WHERE NOT s.live AND EXISTS (SELECT 1 FROM dwarf.flow_all f
+										   WHERE f.id >= s.lo AND f.id < s.hi
+											 AND f.finished_at > coalesce(s.newest_close, '-infinity'));
+		END IF;
+	END IF;
+
 	/*
 	 * A segment is never vacuumed, so its block-range index on step_id
 	 * (dwarf.step_key's and dwarf.fork's lookups) is summarized here: the
@@ -1525,31 +1570,6 @@ BEGIN
 		width := greatest(min_width, ((next_id - g.lo) * extract(epoch FROM span)
 								 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
 		segs_made := segs_made || dwarf_internal.make_step_segment(g.hi, g.hi + width, true)::text;
-	END IF;
-
-	/*
-	 * Steps in dwarf.step_default of flows that have closed, under an
-	 * archived segment: moved there.  They are the steps of flows that
-	 * outlived their segment, or that were created before a segment
-	 * covered them, so few once the segments run ahead.
-	 */
-	IF NOT dry_run THEN
-		WITH gone AS (
-			DELETE FROM dwarf.step_default x
-			 WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow f
-								WHERE f.id = x.flow_id AND f.status IN ('running', 'interrupted'))
-			   AND EXISTS (SELECT 1 FROM dwarf.segment s
-							WHERE NOT s.live AND x.flow_id >= s.lo AND x.flow_id < s.hi)
-			RETURNING x.*),
-		 put AS (INSERT INTO dwarf.step_archive SELECT * FROM gone RETURNING flow_id)
-		SELECT count(*) INTO n_steps FROM put;
-		IF n_steps > 0 THEN
-			moved_steps := moved_steps + n_steps;
-			UPDATE dwarf.segment s SET newest_close = greatest(s.newest_close, maintain_at.now)
-			 WHERE NOT s.live AND EXISTS (SELECT 1 FROM dwarf.flow_all f
-										   WHERE f.id >= s.lo AND f.id < s.hi
-											 AND f.finished_at > coalesce(s.newest_close, '-infinity'));
-		END IF;
 	END IF;
 
 	/*
