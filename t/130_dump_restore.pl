@@ -129,9 +129,10 @@ SELECT count(DISTINCT s.flow_id) FROM dwarf.step_default s
 
 # A pass once the interrupted flow's segment has spanned twice
 # dwarf.segment_interval: it hands both segments to the archive (the
-# interrupted flow's steps moved to dwarf.step_default), archives the
-# default's steps of the ids past them into a new archived segment, and
-# makes new live segments at the next id.  No flow row moves.
+# interrupted flow's steps moved to dwarf.step_default), makes a new
+# archived segment for the ids past them and new live segments at the
+# next id; the pass after it archives the default's steps of those ids
+# there.  No flow row moves.
 ok( $node->poll_query_until('src', q{
 SELECT made_at < now() - interval '2 s' FROM dwarf.segment
  WHERE (SELECT f.id FROM dwarf.flow f JOIN dwarf.graph g ON g.id = f.graph_id WHERE g.name = 'asker')
@@ -143,7 +144,15 @@ is( $node->safe_psql('src', qq{
 SELECT jsonb_array_length(r->'segments_archived') || ' ' || jsonb_array_length(r->'segments_made') || ' '
        || (r->>'moved_flows') || ' ' || (r->>'moved_steps')
   FROM (SELECT \$\$$pass\$\$::jsonb AS r) x}),
-	'2 3 0 7', 'the pass archived 2 segments, made 3 and moved 7 steps (the interrupted flow\'s 2, the 5 ticks\')');
+	'2 3 0 14', 'the pass archived 2 segments, made 3 and moved 14 steps (the 12 of the archived chains, '
+	  . 'which the first pass left in the default partition under the segment it made, and the interrupted flow\'s 2)');
+# The next pass moves the default's steps under the segment the pass made
+# for the ids past the old ones (before its handovers, so one pass later).
+$pass = $node->safe_psql('src', q{SET dwarf.archive_after = '1 h'; SELECT dwarf.maintain()});
+note "third pass: $pass";
+is( $node->safe_psql('src', qq{SELECT (r->>'moved_flows') || ' ' || (r->>'moved_steps')
+  FROM (SELECT \$\$$pass\$\$::jsonb AS r) x}),
+	'0 5', 'the next pass moved the 5 ticks\' steps into the archived segment');
 
 my $gate = $node->background_psql('src');
 $gate->query_safe("SELECT pg_advisory_lock($GATE)");
