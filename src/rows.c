@@ -72,8 +72,6 @@ typedef struct RowTable
 	TupleTableSlot *slot;		/* a row to write */
 	TupleTableSlot *old;		/* a row read to update */
 	Relation	pkey;			/* its primary key's index, among rri's */
-	ModifyTableState *mtstate;	/* a partitioned table's: where rows go */
-	PartitionTupleRouting *proute;
 	AttrNumber *column;			/* 0-based attribute of each of columns */
 	int			ndefaults;		/* other columns that have a default: */
 	AttrNumber *default_att;	/* ... which (0-based) */
@@ -273,19 +271,6 @@ OpenTable(RowTable *t)
 			t->pkey = t->rri->ri_IndexRelationDescs[i];
 	t->slot = table_slot_create(t->rel, NULL);
 	t->old = table_slot_create(t->rel, NULL);
-	t->mtstate = NULL;
-	t->proute = NULL;
-	if (t->rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
-	{
-		/* as COPY routes its rows: no plan, the table as its own root */
-		t->mtstate = makeNode(ModifyTableState);
-		t->mtstate->ps.state = RowsState;
-		t->mtstate->operation = CMD_INSERT;
-		t->mtstate->mt_nrels = 1;
-		t->mtstate->resultRelInfo = t->rri;
-		t->mtstate->rootResultRelInfo = t->rri;
-		t->proute = ExecSetupPartitionTupleRouting(RowsState, t->rel);
-	}
 	FindColumns(t);
 	CurrentResourceOwner = owner;
 	MemoryContextSwitchTo(old);
@@ -318,8 +303,6 @@ CloseTable(RowTable *t, bool committing)
 		return;
 	if (committing)
 	{
-		if (t->proute)
-			ExecCleanupTupleRouting(t->mtstate, t->proute);
 		ExecDropSingleTupleTableSlot(t->slot);
 		ExecDropSingleTupleTableSlot(t->old);
 		ExecCloseIndices(t->rri);
@@ -398,23 +381,12 @@ static void
 InsertSlot(RowTable *t)
 {
 	List	   *recheck;
-	ResultRelInfo *rri = t->rri;
-	TupleTableSlot *slot = t->slot;
 
-	ExecStoreVirtualTuple(slot);
-	if (t->proute)
-	{
-		TupleConversionMap *map;
-
-		rri = ExecFindPartition(t->mtstate, t->rri, t->proute, slot, RowsState);
-		map = rri->ri_RootToPartitionMap;
-		if (map)
-			slot = execute_attr_map_slot(map->attrMap, slot, rri->ri_PartitionTupleSlot);
-	}
-	if (rri->ri_RelationDesc->rd_att->constr)
-		ExecConstraints(rri, slot, RowsState);
-	table_tuple_insert(rri->ri_RelationDesc, slot, GetCurrentCommandId(true), 0, NULL);
-	recheck = ExecInsertIndexTuples(rri, slot, RowsState, false, false, NULL, NIL);
+	ExecStoreVirtualTuple(t->slot);
+	if (t->rel->rd_att->constr)
+		ExecConstraints(t->rri, t->slot, RowsState);
+	table_tuple_insert(t->rel, t->slot, GetCurrentCommandId(true), 0, NULL);
+	recheck = ExecInsertIndexTuples(t->rri, t->slot, RowsState, false, false, NULL, NIL);
 	list_free(recheck);
 	ResetPerTupleExprContext(RowsState);
 }
