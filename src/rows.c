@@ -3,7 +3,8 @@
  *		A worker's writes of dwarf's own rows without a statement: each step's
  *		row, the flows dwarf.run creates, and a flow's close.
  *
- * These are the hot path's writes: a statement for each would be planned,
+ * These are the hot path's writes (dwarf.create's flow rows too, in the
+ * caller's backend): a statement for each would be planned,
  * set up and torn down per row (its check constraints parsed again each
  * time).  Instead the tables are opened once per batch transaction as the
  * executor's result relations, and each row goes through the executor's
@@ -913,8 +914,8 @@ ReadOptions(Jsonb *options, FlowRow *row, char **thread, Interval **budget)
 }
 
 /*
- * Inserts a new flow for dwarf.run, with no idempotency key, and fills *row
- * as InsertFlowRow would.  Returns false, having written nothing, when the
+ * Inserts a new flow with no idempotency key (dwarf.run's, dwarf.create's:
+ * see InsertFlow), and fills *row as InsertFlowRow would.  Returns false, having written nothing, when the
  * options hold something it does not handle: then use InsertFlowRow.
  */
 bool

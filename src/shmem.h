@@ -17,7 +17,13 @@
 /* ---------- shared memory (shmem.c) ---------- */
 
 #define DWARF_MAX_WORKERS	64
-#define DWARF_RING_SIZE		2048
+/*
+ * Notes a worker's ring holds (16 bytes each).  A burst of creates beyond it
+ * sets the overflow flag, and the worker then rescans its flows and replays
+ * each one it loads in the next ten seconds: wide enough that one
+ * statement's 8,000 creates on two workers never come to that.
+ */
+#define DWARF_RING_SIZE		8192
 
 typedef enum DwarfNoteKind
 {
