@@ -1259,9 +1259,10 @@ DECLARE
 	dropped_flows bigint := 0;
 	n_dropped	bigint;
 	chunk		constant int := 2000;		/* flows moved per statement */
-	most		constant int := 200000;		/* flows moved per pass */
-	default_most constant int := 500000;	/* steps moved out of dwarf.step_default per pass */
-	budget		constant interval := '20 s';
+	most		constant int := 1000000;	/* flows moved per pass */
+	default_chunk constant int := 250000;	/* steps moved out of dwarf.step_default per statement */
+	budget		constant interval := '20 s';	/* no flow move starts after it */
+	default_budget constant interval := '30 s';	/* nor a move out of the default partition */
 	ids			bigint[];
 	moved_flows bigint := 0;
 	moved_steps bigint := 0;
@@ -1419,11 +1420,17 @@ BEGIN
 	 * covered them (before the first pass, or in a burst past the
 	 * segments made), so few once the segments run ahead.  This comes
 	 * before the handovers, whose lock on dwarf.step would hold up the
-	 * workers for as long as the move takes, and moves at most
-	 * default_most steps a pass, so that a pass after a burst does not
-	 * run for minutes: the next passes move the rest.
+	 * workers for as long as the move takes, default_chunk steps to a
+	 * statement, and starts none once the pass has run for default_budget,
+	 * so that a pass after a burst does not run for minutes: the next
+	 * passes move the rest.
 	 */
-	IF NOT dry_run THEN
+	n_steps := 0;
+	WHILE NOT dry_run LOOP
+		IF clock_timestamp() - started > default_budget THEN
+			more := true;
+			EXIT;
+		END IF;
 		WITH gone AS (
 			DELETE FROM dwarf.step_default x
 			 WHERE x.ctid = ANY (ARRAY(
@@ -1432,13 +1439,16 @@ BEGIN
 									WHERE f.id = y.flow_id AND f.status IN ('running', 'interrupted'))
 				   AND EXISTS (SELECT 1 FROM dwarf.segment s
 								WHERE NOT s.live AND y.flow_id >= s.lo AND y.flow_id < s.hi)
-				 LIMIT default_most))
+				 LIMIT default_chunk))
 			RETURNING x.*),
 		 put AS (INSERT INTO dwarf.step_archive SELECT * FROM gone RETURNING flow_id)
-		SELECT count(*) INTO n_steps FROM put;
+		SELECT count(*) INTO n_flows FROM put;
+		n_steps := n_steps + n_flows;
+		EXIT WHEN n_flows < default_chunk;
+	END LOOP;
+	IF NOT dry_run THEN
 		IF n_steps > 0 THEN
 			moved_steps := moved_steps + n_steps;
-			more := more OR n_steps = default_most;
 			UPDATE dwarf.segment s SET newest_close = greatest(s.newest_close, maintain_at.now)
 			 WHERE NOT s.live AND EXISTS (SELECT 1 FROM dwarf.flow_all f
 										   WHERE f.id >= s.lo AND f.id < s.hi

@@ -153,12 +153,19 @@ ForgetTokens(FlowRun *flow)
 	flow->placed = NIL;
 }
 
-/* Sets up a flow that starts at task start with its input as state. */
+/*
+ * Sets up a flow that starts at task start with its input as state.  Every
+ * field but the id (a hash table's key) starts at zero: an entry a hash
+ * table hands out holds whatever its last use left.
+ */
 FlowRun *
 FlowRunCreate(FlowRun *flow, Graph *graph, int start, Jsonb *input, MemoryContext parent)
 {
 	MemoryContext old;
+	int64		id = flow->id;
 
+	memset(flow, 0, sizeof(FlowRun));
+	flow->id = id;
 	flow->cxt = AllocSetContextCreate(parent, "dwarf flow", ALLOCSET_SMALL_SIZES);
 	flow->graph = graph;
 	flow->status = FLOW_RUNNING;
