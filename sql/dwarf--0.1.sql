@@ -1282,6 +1282,7 @@ DECLARE
 	next_id		bigint;
 	ahead		boolean;
 	prev_hi		bigint;
+	newest		record;
 	/*
 	 * A segment holds at least the flows of its interval at 16 a second
 	 * (at most 16,384), so that a burst of creates between two passes
@@ -1568,7 +1569,20 @@ BEGIN
 		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	END IF;
 	IF NOT FOUND AND ahead THEN
-		width := greatest(min_width, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
+		/*
+		 * No segment holds the next id: the first pass, or the ids outran
+		 * the segments since the last one.  The new segment is twice as
+		 * wide as the ids have gone since the newest segment was made (the
+		 * live flows created in the interval, on the first pass: the flows
+		 * archived since are no longer in dwarf.flow to count).
+		 */
+		SELECT s.lo, s.made_at INTO newest FROM dwarf.segment s ORDER BY s.hi DESC LIMIT 1;
+		IF FOUND THEN
+			width := greatest(min_width, (2 * greatest(next_id - newest.lo, 0) * extract(epoch FROM span)
+										  / greatest(extract(epoch FROM maintain_at.now - newest.made_at), 1))::bigint);
+		ELSE
+			width := greatest(min_width, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
+		END IF;
 		prev_hi := coalesce((SELECT max(s.hi) FROM dwarf.segment s), 0);
 		IF prev_hi < next_id THEN
 			segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, next_id, false)::text;

@@ -26,6 +26,9 @@
 #     whole, not while a flow of theirs is open.
 #  6. A segment has autovacuum off and a CHECK constraint on its range;
 #     dwarf.storage counts the live and archived segments.
+#  7. A burst that outruns the segments between two passes goes to
+#     dwarf.step_default; the next pass makes an archived segment for its
+#     ids and a live one sized by the rate the ids went at.
 #
 # Every wait polls with a deadline; nothing is timed.
 use strict;
@@ -211,6 +214,45 @@ is( $node->safe_psql('postgres', qq{SELECT live FROM dwarf.segment WHERE relatio
 	't', 'the live segment of the open flow stays');
 is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($open)"),
 	'AQ', 'and the open flow\'s history with it');
+
+# 7. A burst that outruns the segments between two passes: its steps go to
+# dwarf.step_default, and the next pass makes an archived segment for the
+# ids it missed and a live one at the next id, sized by how fast the ids
+# went since the newest segment was made (at least twice that many ids in
+# an interval far longer than the time gone), not by the flows left in
+# dwarf.flow, which the same pass archives (the old rule then fell back to
+# the minimum, 16,384 ids for an hour).
+my ($newest_lo, $top) = split /\|/, $node->safe_psql('postgres',
+	q{SELECT lo || '|' || hi FROM dwarf.segment ORDER BY hi DESC LIMIT 1});
+$node->safe_psql('postgres', qq{
+SELECT setval('dwarf.flow_seq', $top + 20000 - dwarf_internal.flow_id_prefix())});
+my $burst = create_and_wait(50);
+my ($first_burst) = split /,/, $burst;
+ok($first_burst > $top, 'the burst\'s ids are past every segment');
+my $next_id = $node->safe_psql('postgres', 'SELECT dwarf_internal.next_flow_id()');
+$pass = $node->safe_psql('postgres',
+	q{SET dwarf.segment_interval = '1 h'; SET dwarf.archive_after = 0; SELECT dwarf.maintain()});
+note "pass after the burst: $pass";
+is( $node->safe_psql('postgres', qq{
+SELECT (SELECT count(*) FROM dwarf.flow WHERE id IN ($burst)) || ' '
+       || (SELECT count(*) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' '
+       || (SELECT string_agg(live::text, ',' ORDER BY lo) FROM dwarf.segment WHERE lo >= $top)}),
+	'0 150 false,true,true', 'the pass archived the burst\'s flows (their steps still in the default) '
+	  . 'and made an archived segment, a live one, and the one after it');
+is( $node->safe_psql('postgres', qq{
+SELECT lo = $top AND hi = $next_id FROM dwarf.segment WHERE lo = $top}),
+	't', 'the archived one covers the ids the burst took');
+my $live_width = $node->safe_psql('postgres', "SELECT hi - lo FROM dwarf.segment WHERE lo = $next_id");
+cmp_ok($live_width, '>=', 2 * ($next_id - $newest_lo),
+	"the live one ($live_width ids) is at least twice the ids gone since the newest segment was made");
+$pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
+is( $node->safe_psql('postgres', qq{
+SELECT (SELECT count(*) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' '
+       || (SELECT count(*) FROM dwarf.step_archive a JOIN dwarf.segment g ON a.tableoid = ('dwarf.' || g.relation)::regclass
+            WHERE g.lo = $top AND a.flow_id IN ($burst))}),
+	'0 150', 'the next pass moved the burst\'s steps into the archived segment');
+is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($first_burst)"),
+	'ABC', 'and dwarf.history reads them there');
 
 check_no_crash($node, 'no crash');
 stop_node($node, $t0);
