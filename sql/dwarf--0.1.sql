@@ -1591,8 +1591,18 @@ BEGIN
 		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	END IF;
 	IF FOUND AND ahead AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
-		width := greatest(min_width, ((next_id - g.lo) * extract(epoch FROM span)
-								 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
+		/*
+		 * As wide as the ids went in the current segment, per interval; a
+		 * segment made by this very pass has no rate yet, and the one after
+		 * it is as wide as it is (else it would be the minimum, and the
+		 * ids would outrun it before the next pass).
+		 */
+		IF g.made_at = now() THEN
+			width := g.hi - g.lo;
+		ELSE
+			width := greatest(min_width, ((next_id - g.lo) * extract(epoch FROM span)
+									 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
+		END IF;
 		segs_made := segs_made || dwarf_internal.make_step_segment(g.hi, g.hi + width, true)::text;
 	END IF;
 

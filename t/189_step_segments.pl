@@ -245,6 +245,8 @@ SELECT lo = $top AND hi = $next_id FROM dwarf.segment WHERE lo = $top}),
 my $live_width = $node->safe_psql('postgres', "SELECT hi - lo FROM dwarf.segment WHERE lo = $next_id");
 cmp_ok($live_width, '>=', 2 * ($next_id - $newest_lo),
 	"the live one ($live_width ids) is at least twice the ids gone since the newest segment was made");
+is( $node->safe_psql('postgres', "SELECT hi - lo FROM dwarf.segment WHERE lo = $next_id + $live_width"),
+	$live_width, 'and the one after it is as wide');
 $pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
 is( $node->safe_psql('postgres', qq{
 SELECT (SELECT count(*) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' '
