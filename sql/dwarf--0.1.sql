@@ -1283,6 +1283,8 @@ DECLARE
 	ahead		boolean;
 	prev_hi		bigint;
 	newest		record;
+	rate		float8;		/* flow ids a second since the last pass, or NULL */
+	next_id_at	timestamptz;
 	/*
 	 * A segment holds at least the flows of its interval at 16 a second
 	 * (at most 16,384), so that a burst of creates between two passes
@@ -1545,6 +1547,22 @@ BEGIN
 	 * two in the reverse of the order every writer of steps takes them
 	 * (a deadlock that the writer, not the pass, lost).
 	 */
+	/*
+	 * How fast the ids go: from the next id the last pass read (its log)
+	 * to this one.  A segment's own times do not tell it: one made ahead
+	 * waits minutes for its first flow.
+	 */
+	next_id := dwarf_internal.next_flow_id();
+	next_id_at := clock_timestamp();
+	SELECT ((next_id - (l.result->>'next_id')::bigint)
+			/ extract(epoch FROM next_id_at - (l.result->>'next_id_at')::timestamptz))::float8
+	  INTO rate
+	  FROM dwarf.maintain_log l
+	 WHERE l.result ? 'next_id' AND (l.result->>'next_id_at')::timestamptz < next_id_at - interval '1 s'
+	 ORDER BY l.started_at DESC LIMIT 1;
+	IF rate < 0 THEN
+		rate := NULL;
+	END IF;
 	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	ahead := NOT dry_run;
 	IF ahead AND (NOT FOUND OR NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi)) THEN
@@ -1571,13 +1589,16 @@ BEGIN
 	IF NOT FOUND AND ahead THEN
 		/*
 		 * No segment holds the next id: the first pass, or the ids outran
-		 * the segments since the last one.  The new segment is twice as
-		 * wide as the ids have gone since the newest segment was made (the
-		 * live flows created in the interval, on the first pass: the flows
+		 * the segments since the last one.  The new segment holds twice
+		 * the ids of an interval at the rate they went since the last pass
+		 * (with none logged, since the newest segment was made; on the
+		 * first pass, the live flows created in the interval: the flows
 		 * archived since are no longer in dwarf.flow to count).
 		 */
 		SELECT s.lo, s.made_at INTO newest FROM dwarf.segment s ORDER BY s.hi DESC LIMIT 1;
-		IF FOUND THEN
+		IF rate IS NOT NULL THEN
+			width := greatest(min_width, (2 * rate * extract(epoch FROM span))::bigint);
+		ELSIF FOUND THEN
 			width := greatest(min_width, (2 * greatest(next_id - newest.lo, 0) * extract(epoch FROM span)
 										  / greatest(extract(epoch FROM maintain_at.now - newest.made_at), 1))::bigint);
 		ELSE
@@ -1592,13 +1613,15 @@ BEGIN
 	END IF;
 	IF FOUND AND ahead AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
 		/*
-		 * As wide as the ids went in the current segment, per interval; a
-		 * segment made by this very pass has no rate yet, and the one after
-		 * it is as wide as it is (else it would be the minimum, and the
-		 * ids would outrun it before the next pass).
+		 * The ids of an interval at the rate they went since the last
+		 * pass; after a segment this very pass made, as wide as it (else
+		 * the minimum, with no rate in it yet).  With no pass logged, the
+		 * rate in the current segment since it was made.
 		 */
 		IF g.made_at = now() THEN
 			width := g.hi - g.lo;
+		ELSIF rate IS NOT NULL THEN
+			width := greatest(min_width, (rate * extract(epoch FROM span))::bigint);
 		ELSE
 			width := greatest(min_width, ((next_id - g.lo) * extract(epoch FROM span)
 									 / greatest(extract(epoch FROM maintain_at.now - g.made_at), 1))::bigint);
@@ -1653,6 +1676,8 @@ BEGIN
 
 
 	result := jsonb_build_object(
+		'next_id', next_id,
+		'next_id_at', next_id_at,
 		'moved_flows', moved_flows,
 		'moved_steps', moved_steps,
 		'partitions_made', cardinality(made),

@@ -531,6 +531,8 @@ dwarf_delete(PG_FUNCTION_ARGS)
 	Datum		args[1] = {Int64GetDatum(flow_id)};
 	SavedUser	saved;
 	uint64		i;
+	uint64		n;
+	Datum	   *ids;
 
 	CheckNotStandby("dwarf.delete");
 
@@ -551,15 +553,33 @@ dwarf_delete(PG_FUNCTION_ARGS)
 		 " SELECT id FROM dwarf.flow WHERE id IN (SELECT id FROM tree) FOR UPDATE",
 		 1, types, args, NULL, SPI_OK_SELECT);
 	Exec(DELETE_FLOW_TREE_SQL, 1, types, args, NULL, SPI_OK_SELECT);
-	RestoreUser(saved);
-	for (i = 0; i < SPI_processed; i++)
+	n = SPI_processed;
+	ids = palloc(sizeof(Datum) * Max(n, 1));
+	for (i = 0; i < n; i++)
 	{
 		bool		isnull;
 
-		NoteOnCommit(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-												 1, &isnull)),
-					 NOTE_RELOAD_FLOW, true);
+		ids[i] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+		NoteOnCommit(DatumGetInt64(ids[i]), NOTE_RELOAD_FLOW, true);
 	}
+
+	/*
+	 * Steps a dwarf.maintain pass moved out of dwarf.step_default into the
+	 * archive while the statement above ran: it waited for the pass's
+	 * delete of them there, and skipped them, but its snapshot did not see
+	 * them arrive in the archive.  A new statement does.
+	 */
+	if (n > 0)
+	{
+		Oid			array_type[1] = {INT8ARRAYOID};
+		Datum		array = PointerGetDatum(construct_array(ids, (int) n, INT8OID, 8, true,
+															TYPALIGN_DOUBLE));
+
+		Exec("WITH live AS (DELETE FROM dwarf.step WHERE flow_id = ANY ($1))"
+			 " DELETE FROM dwarf.step_archive WHERE flow_id = ANY ($1)",
+			 1, array_type, &array, NULL, SPI_OK_DELETE);
+	}
+	RestoreUser(saved);
 	SPI_finish();
 	PG_RETURN_VOID();
 }

@@ -29,6 +29,7 @@
 #  7. A burst that outruns the segments between two passes goes to
 #     dwarf.step_default; the next pass makes an archived segment for its
 #     ids and a live one sized by the rate the ids went at.
+#  8. dwarf.delete during a move of its flow's steps leaves none behind.
 #
 # Every wait polls with a deadline; nothing is timed.
 use strict;
@@ -255,6 +256,32 @@ SELECT (SELECT count(*) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' 
 	'0 150', 'the next pass moved the burst\'s steps into the archived segment');
 is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($first_burst)"),
 	'ABC', 'and dwarf.history reads them there');
+
+# 8. dwarf.delete while a pass moves the flow's steps between the default
+# partition and the archive (here by hand, in the same statements the pass
+# runs): the delete waits for the move, and then deletes the steps where
+# they went, which its first statement's snapshot did not see.
+my $moved = (split /,/, $burst)[1];
+my $mover = $node->background_psql('postgres');
+$mover->query_safe(qq{
+BEGIN;
+SET LOCAL session_replication_role = replica;
+WITH gone AS (DELETE FROM dwarf.step_archive WHERE flow_id = $moved RETURNING *)
+INSERT INTO dwarf.step_default SELECT * FROM gone;});
+my $deleter = $node->background_psql('postgres');
+$deleter->query_until(qr/deleting/, qq{\\echo deleting\nSELECT dwarf.delete($moved);\n});
+ok( $node->poll_query_until('postgres', q{
+		SELECT count(*) FROM pg_stat_activity
+		 WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT dwarf.delete%'}, '1'),
+	'dwarf.delete waits for the move of its flow\'s steps');
+$mover->query_safe('COMMIT');
+$deleter->query_safe('SELECT 1');
+$mover->quit;
+$deleter->quit;
+is( $node->safe_psql('postgres', qq{
+SELECT (SELECT count(*) FROM dwarf.step_all WHERE flow_id = $moved) || ' '
+       || (SELECT count(*) FROM dwarf.flow_all WHERE id = $moved)}),
+	'0 0', 'once the move committed, the delete left neither the flow nor a step of it');
 
 check_no_crash($node, 'no crash');
 stop_node($node, $t0);
