@@ -1,13 +1,13 @@
 /*
  * rows.c
- *		A worker's writes of dwarf's own rows without a statement: each step's
- *		row, the flows dwarf.run creates, and a flow's close.
+ *		dwarf's writes of its own rows without a statement: each step's row,
+ *		the flows dwarf.run and dwarf.create make, and a flow's close.
  *
- * These are the hot path's writes (dwarf.create's flow rows too, in the
- * caller's backend): a statement for each would be planned,
+ * These are the hot path's writes: a statement for each would be planned,
  * set up and torn down per row (its check constraints parsed again each
- * time).  Instead the tables are opened once per batch transaction as the
- * executor's result relations, and each row goes through the executor's
+ * time).  Instead the tables are opened once per transaction (a worker's
+ * batch, or the caller's of dwarf.create) as the executor's result
+ * relations, and each row goes through the executor's
  * row machinery: ExecConstraints, table_tuple_insert or _update, and
  * ExecInsertIndexTuples, which keeps every index as a statement would
  * (unique checks, partial indexes' predicates, BRIN).  The rows are
@@ -915,8 +915,9 @@ ReadOptions(Jsonb *options, FlowRow *row, char **thread, Interval **budget)
 
 /*
  * Inserts a new flow with no idempotency key (dwarf.run's, dwarf.create's:
- * see InsertFlow), and fills *row as InsertFlowRow would.  Returns false, having written nothing, when the
- * options hold something it does not handle: then use InsertFlowRow.
+ * see InsertFlow), and fills *row as InsertFlowRow would.  Returns false,
+ * having written nothing, when the options hold something it does not
+ * handle: then use InsertFlowRow.
  */
 bool
 RowsInsertFlow(int64 id, int32 graph_id, Oid owner, int32 priority, Jsonb *input,
