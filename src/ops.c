@@ -517,6 +517,26 @@ CheckNoOpenParent(int64 flow_id)
 					 flow_id, parent, parent)));
 }
 
+/*
+ * Deletes again the steps of the flows whose ids the int8[] names, live or
+ * archived, in a statement of its own, after the statement that deleted
+ * those flows and their steps.  A dwarf.maintain pass may have moved some
+ * of the steps between dwarf.step_default and the archive while that
+ * statement ran: it waited for the pass's delete of them, skipped them,
+ * and its snapshot did not see them arrive where they went.  A new
+ * statement's does.  The caller is connected to SPI, as the extension
+ * owner.
+ */
+static void
+DeleteMovedSteps(Datum ids)
+{
+	Oid			types[1] = {INT8ARRAYOID};
+
+	Exec("WITH live AS (DELETE FROM dwarf.step WHERE flow_id = ANY ($1))"
+		 " DELETE FROM dwarf.step_archive WHERE flow_id = ANY ($1)",
+		 1, types, &ids, NULL, SPI_OK_DELETE);
+}
+
 DWARF_FUNCTION(dwarf_delete);
 
 /*
@@ -563,22 +583,9 @@ dwarf_delete(PG_FUNCTION_ARGS)
 		NoteOnCommit(DatumGetInt64(ids[i]), NOTE_RELOAD_FLOW, true);
 	}
 
-	/*
-	 * Steps a dwarf.maintain pass moved out of dwarf.step_default into the
-	 * archive while the statement above ran: it waited for the pass's
-	 * delete of them there, and skipped them, but its snapshot did not see
-	 * them arrive in the archive.  A new statement does.
-	 */
 	if (n > 0)
-	{
-		Oid			array_type[1] = {INT8ARRAYOID};
-		Datum		array = PointerGetDatum(construct_array(ids, (int) n, INT8OID, 8, true,
-															TYPALIGN_DOUBLE));
-
-		Exec("WITH live AS (DELETE FROM dwarf.step WHERE flow_id = ANY ($1))"
-			 " DELETE FROM dwarf.step_archive WHERE flow_id = ANY ($1)",
-			 1, array_type, &array, NULL, SPI_OK_DELETE);
-	}
+		DeleteMovedSteps(PointerGetDatum(construct_array(ids, (int) n, INT8OID, 8, true,
+														 TYPALIGN_DOUBLE)));
 	RestoreUser(saved);
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -625,9 +632,11 @@ dwarf_purge(PG_FUNCTION_ARGS)
 		 "  RETURNING id, finished_at),"
 		 " archived_steps AS (DELETE FROM dwarf.step_archive s"
 		 "  WHERE s.flow_id IN (SELECT id FROM gone UNION ALL SELECT id FROM archived))"
-		 " SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM archived)",
+		 " SELECT count(*), array_agg(id) FROM (SELECT id FROM gone UNION ALL SELECT id FROM archived) x",
 		 3, types, args, NULL, SPI_OK_SELECT);
 	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (purged > 0)
+		DeleteMovedSteps(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	RestoreUser(saved);
 	SPI_finish();
 	PG_RETURN_INT64(purged);

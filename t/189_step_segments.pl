@@ -30,6 +30,7 @@
 #     dwarf.step_default; the next pass makes an archived segment for its
 #     ids and a live one sized by the rate the ids went at.
 #  8. dwarf.delete during a move of its flow's steps leaves none behind.
+#  9. Nor does dwarf.purge.
 #
 # Every wait polls with a deadline; nothing is timed.
 use strict;
@@ -282,6 +283,31 @@ is( $node->safe_psql('postgres', qq{
 SELECT (SELECT count(*) FROM dwarf.step_all WHERE flow_id = $moved) || ' '
        || (SELECT count(*) FROM dwarf.flow_all WHERE id = $moved)}),
 	'0 0', 'once the move committed, the delete left neither the flow nor a step of it');
+
+# 9. dwarf.purge in the same window: it deletes the flow's steps again by
+# the ids it purged, in a statement that sees where the move put them.
+my $purged_one = (split /,/, $burst)[2];
+$mover = $node->background_psql('postgres');
+$mover->query_safe(qq{
+BEGIN;
+SET LOCAL session_replication_role = replica;
+WITH gone AS (DELETE FROM dwarf.step_archive WHERE flow_id = $purged_one RETURNING *)
+INSERT INTO dwarf.step_default SELECT * FROM gone;});
+my $purger = $node->background_psql('postgres');
+$purger->query_until(qr/purging/, qq{\\echo purging\nSELECT dwarf.purge('0 s');\n});
+ok( $node->poll_query_until('postgres', q{
+		SELECT count(*) FROM pg_stat_activity
+		 WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT dwarf.purge%'}, '1'),
+	'dwarf.purge waits for the move of a flow\'s steps');
+$mover->query_safe('COMMIT');
+$purger->query_safe('SELECT 1');
+$mover->quit;
+$purger->quit;
+is( $node->safe_psql('postgres', qq{
+SELECT (SELECT count(*) FROM dwarf.flow_all WHERE id = $purged_one) || ' '
+       || (SELECT count(*) FROM dwarf.step_all s
+            WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id = s.flow_id))}),
+	'0 0', 'once the move committed, the purge left neither the flow nor a step of any flow it purged');
 
 check_no_crash($node, 'no crash');
 stop_node($node, $t0);
