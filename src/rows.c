@@ -163,6 +163,7 @@ typedef struct StepBuffer
 {
 	ResultRelInfo *rri;			/* the table's, with its indexes */
 	Oid			relid;
+	TupleDesc	desc;			/* a copy of its descriptor, for the slots */
 	List	   *ancestors;		/* partitioned tables between it and dwarf.step */
 	HeldRow    *rows;			/* [0, nrows): held; [nrows, nslots): spare slots */
 	TupleTableSlot **batch;		/* room for a table_multi_insert's slots */
@@ -467,6 +468,7 @@ BufferOf(ResultRelInfo *rri)
 	memset(buf, 0, sizeof(StepBuffer));
 	buf->rri = rri;
 	buf->relid = RelationGetRelid(rri->ri_RelationDesc);
+	buf->desc = CreateTupleDescCopy(RelationGetDescr(rri->ri_RelationDesc));
 	if (rri != Steps.rri)
 		buf->ancestors = PartitionedAncestors(buf->relid);
 	MemoryContextSwitchTo(old);
@@ -474,8 +476,12 @@ BufferOf(ResultRelInfo *rri)
 }
 
 /*
- * A new held row in buf, with a slot for it: a spare one, or one made as a
- * top transaction resource (see OpenTable).
+ * A new held row in buf, with a slot for it: a spare one, or one made over
+ * the buffer's copy of the table's descriptor.  A copy is counted by no
+ * resource owner, so a slot is only memory of RowsState, which lives as
+ * long as the transaction: the relation's own descriptor would be pinned
+ * in the top transaction's resource owner for each slot, one per row a
+ * batch holds, and looked up there again when it is dropped.
  */
 static HeldRow *
 AddRow(StepBuffer *buf)
@@ -494,11 +500,9 @@ AddRow(StepBuffer *buf)
 	if (buf->nrows == buf->nslots)
 	{
 		MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
-		ResourceOwner owner = CurrentResourceOwner;
 
-		CurrentResourceOwner = TopTransactionResourceOwner;
-		buf->rows[buf->nslots++].slot = table_slot_create(buf->rri->ri_RelationDesc, NULL);
-		CurrentResourceOwner = owner;
+		buf->rows[buf->nslots++].slot =
+			MakeSingleTupleTableSlot(buf->desc, table_slot_callbacks(buf->rri->ri_RelationDesc));
 		MemoryContextSwitchTo(old);
 	}
 	return &buf->rows[buf->nrows++];
