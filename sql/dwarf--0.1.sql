@@ -1275,6 +1275,7 @@ DECLARE
 	segs_archived text[] := '{}';
 	segs_dropped text[] := '{}';
 	segs_deferred text[] := '{}';
+	segs_replaced text[] := '{}';
 	lock_timeout text;
 	more		boolean := false;
 	d			record;
@@ -1291,6 +1292,13 @@ DECLARE
 	 * still finds its segments made.
 	 */
 	min_width	bigint := greatest(64, least(16384, (extract(epoch FROM span) * 16)::bigint));
+	/*
+	 * The flow ids a fresh install's first pass makes segments for, ahead
+	 * of the first: at 100,000 flows a second, those of nearly three
+	 * minutes, time enough for passes a minute apart to learn the rate.
+	 */
+	guess_reach	constant bigint := 16777216;
+	fresh		boolean := false;
 	width		bigint;
 	n_open		bigint;
 	n_all		bigint;
@@ -1563,6 +1571,40 @@ BEGIN
 	IF rate < 0 THEN
 		rate := NULL;
 	END IF;
+
+	/*
+	 * The segments a fresh install's first pass made ahead with no rate to
+	 * go by (below), once passes have learnt one: those beyond the one
+	 * after the current are dropped, no flow having reached them, and the
+	 * next passes make segments at the rate's width.  No other pass makes
+	 * a segment beyond the one after the current.  Dropping a partition
+	 * locks dwarf.step, as a handover does, and before the default
+	 * partition is locked below: the order every writer of steps takes.
+	 */
+	IF rate IS NOT NULL AND EXISTS (SELECT 1 FROM dwarf.segment c JOIN dwarf.segment s ON s.lo > c.hi
+									 WHERE c.live AND c.lo <= next_id AND next_id < c.hi AND s.live) THEN
+		BEGIN
+			IF NOT dry_run THEN
+				PERFORM set_config('lock_timeout', '500ms', true);
+				LOCK TABLE dwarf.step IN ACCESS EXCLUSIVE MODE;
+				PERFORM set_config('lock_timeout', lock_timeout, true);
+				next_id := dwarf_internal.next_flow_id();
+			END IF;
+			FOR g IN SELECT s.* FROM dwarf.segment c JOIN dwarf.segment s ON s.lo > c.hi
+					  WHERE c.live AND c.lo <= next_id AND next_id < c.hi AND s.live
+					  ORDER BY s.lo LOOP
+				IF NOT dry_run THEN
+					EXECUTE format('DROP TABLE dwarf.%I', g.relation);
+					DELETE FROM dwarf.segment WHERE lo = g.lo;
+				END IF;
+				segs_replaced := segs_replaced || g.relation::text;
+			END LOOP;
+		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+			segs_replaced := '{}';		/* the next pass drops them */
+		END;
+		PERFORM set_config('lock_timeout', lock_timeout, true);
+	END IF;
+
 	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	ahead := NOT dry_run;
 	IF ahead AND (NOT FOUND OR NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi)) THEN
@@ -1603,12 +1645,32 @@ BEGIN
 										  / greatest(extract(epoch FROM maintain_at.now - newest.made_at), 1))::bigint);
 		ELSE
 			width := greatest(min_width, 2 * (SELECT count(*) FROM dwarf.flow f WHERE f.created_at > maintain_at.now - span));
+			fresh := pg_sequence_last_value('dwarf.flow_seq') IS NULL;
 		END IF;
 		prev_hi := coalesce((SELECT max(s.hi) FROM dwarf.segment s), 0);
 		IF prev_hi < next_id THEN
 			segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, next_id, false)::text;
 		END IF;
 		segs_made := segs_made || dwarf_internal.make_step_segment(next_id, next_id + width, true)::text;
+		/*
+		 * A fresh install (no segment yet, no flow id ever handed out):
+		 * nothing says how fast the ids will go once flows come, and a
+		 * load that starts after this pass would outrun a
+		 * segment of the minimum width within seconds, its steps going to
+		 * dwarf.step_default until the next pass, to be copied out of it.
+		 * Segments that double in width follow, up to guess_reach ids, so
+		 * that whatever the rate, the ids at the next pass are in one
+		 * about as wide as the ids gone since this one; the passes that
+		 * know the rate drop the rest (above).
+		 */
+		IF fresh THEN
+			prev_hi := next_id + width;
+			WHILE prev_hi - next_id < guess_reach LOOP
+				width := 2 * width;
+				segs_made := segs_made || dwarf_internal.make_step_segment(prev_hi, prev_hi + width, true)::text;
+				prev_hi := prev_hi + width;
+			END LOOP;
+		END IF;
 		SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
 	END IF;
 	IF FOUND AND ahead AND NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi) THEN
@@ -1670,6 +1732,7 @@ BEGIN
 			'flows_in_days_dropped', dropped_flows,
 			'segments_archived', to_jsonb(segs_archived),
 			'segments_dropped', to_jsonb(segs_dropped),
+			'segments_replaced', to_jsonb(segs_replaced),
 			'more', more,
 			'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));
 	END IF;
@@ -1688,6 +1751,7 @@ BEGIN
 		'segments_made', to_jsonb(segs_made),
 		'segments_archived', to_jsonb(segs_archived),
 		'segments_dropped', to_jsonb(segs_dropped),
+		'segments_replaced', to_jsonb(segs_replaced),
 		'segments_left_for_next_pass', to_jsonb(segs_deferred),
 		'more', more,
 		'took_ms', round(extract(epoch FROM clock_timestamp() - started) * 1000, 1));

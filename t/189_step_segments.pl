@@ -31,6 +31,10 @@
 #     ids and a live one sized by the rate the ids went at.
 #  8. dwarf.delete during a move of its flow's steps leaves none behind.
 #  9. Nor does dwarf.purge.
+# 10. A fresh install's first pass, before any flow id was handed out,
+#     makes segments doubling in width ahead of the first, so that a load
+#     starting after it finds segments made; once passes have learnt the
+#     rate, a pass drops those beyond the one after the current.
 #
 # Every wait polls with a deadline; nothing is timed.
 use strict;
@@ -308,6 +312,53 @@ SELECT (SELECT count(*) FROM dwarf.flow_all WHERE id = $purged_one) || ' '
        || (SELECT count(*) FROM dwarf.step_all s
             WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id = s.flow_id))}),
 	'0 0', 'once the move committed, the purge left neither the flow nor a step of any flow it purged');
+
+# 10. A fresh install: in a database of its own.
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('fresh', q{
+CREATE EXTENSION dwarf;
+CREATE FUNCTION one(s jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+SELECT dwarf.define('one', '{"tasks": {"A": "public.one"}, "transitions": [{"chain": ["A", "END"]}]}');
+});
+my $first = $node->safe_psql('fresh', 'SELECT dwarf.maintain()');
+note "fresh install's first pass: $first";
+my @live = map { [split /\|/] } split /\n/, $node->safe_psql('fresh',
+	'SELECT lo, hi FROM dwarf.segment WHERE live ORDER BY lo');
+my $doubling = 1;
+for my $k (2 .. $#live)
+{
+	$doubling = 0
+	  unless $live[$k][0] == $live[$k - 1][1]
+	  && $live[$k][1] - $live[$k][0] == 2 * ($live[$k - 1][1] - $live[$k - 1][0]);
+}
+cmp_ok(scalar @live, '>', 2, 'the first pass of a fresh install made more than two live segments');
+ok($doubling, 'each after the second twice as wide as the one before, with no gap');
+cmp_ok($live[-1][1] - $live[0][0], '>=', 16777216, 'covering at least 16,777,216 flow ids');
+is( $node->safe_psql('fresh', 'SELECT min(lo) = dwarf_internal.next_flow_id() FROM dwarf.segment WHERE live'),
+	't', 'from the next flow id');
+
+# Flows come; a second pass, over a second later, knows the rate.
+$node->safe_psql('fresh', q{SELECT count(dwarf.create('one', '{}')) FROM generate_series(1, 100)});
+ok( $node->poll_query_until('fresh', qq{
+		SELECT clock_timestamp() > ('$first'::jsonb->>'next_id_at')::timestamptz + interval '1.1 s'}),
+	'over a second after the first pass');
+my $second = $node->safe_psql('fresh', 'SELECT dwarf.maintain()');
+note "second pass: $second";
+my $current_hi = $node->safe_psql('fresh', q{
+SELECT hi FROM dwarf.segment WHERE live AND lo <= dwarf_internal.next_flow_id() AND dwarf_internal.next_flow_id() < hi});
+my $beyond = join ',', map { "step_$_->[0]" } grep { $_->[0] > $current_hi } @live;
+isnt($beyond, '', 'the first pass had made segments beyond the one after the one the ids are in now');
+is( $node->safe_psql('fresh', qq{
+SELECT (SELECT string_agg(r, ',' ORDER BY substr(r, 6)::bigint)
+          FROM jsonb_array_elements_text('$second'::jsonb->'segments_replaced') r) || ' '
+       || count(*) FILTER (WHERE lo > $current_hi) || ' '
+       || count(*) FILTER (WHERE lo = $current_hi) || ' '
+       || (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'dwarf' AND c.relname LIKE 'step\\_%' AND c.relkind = 'r'
+              AND c.relname NOT IN (SELECT relation FROM dwarf.segment) AND c.relname <> 'step_default')
+  FROM dwarf.segment WHERE live}),
+	"$beyond 0 1 0",
+	'a pass that knows the rate dropped those, and only those: the one after the current is left, and no table of theirs');
 
 check_no_crash($node, 'no crash');
 stop_node($node, $t0);
