@@ -1299,6 +1299,7 @@ DECLARE
 	 */
 	guess_reach	constant bigint := 16777216;
 	fresh		boolean := false;
+	has_steps	boolean;
 	width		bigint;
 	n_open		bigint;
 	n_all		bigint;
@@ -1577,27 +1578,35 @@ BEGIN
 	 * go by (below), once passes have learnt one: those beyond the one
 	 * after the current are dropped, no flow having reached them, and the
 	 * next passes make segments at the rate's width.  No other pass makes
-	 * a segment beyond the one after the current.  Dropping a partition
-	 * locks dwarf.step, as a handover does, and before the default
-	 * partition is locked below: the order every writer of steps takes.
+	 * a segment beyond the one after the current; but a restore into a
+	 * server whose flow ids start lower (another dwarf.shard_id, an
+	 * earlier timeline) brings segments above the ids, and those hold
+	 * steps and flows: only a segment with neither goes.  Dropping a
+	 * partition locks dwarf.step, as a handover does, and before the
+	 * default partition is locked below: the order every writer of steps
+	 * takes.
 	 */
-	IF rate IS NOT NULL AND EXISTS (SELECT 1 FROM dwarf.segment c JOIN dwarf.segment s ON s.lo > c.hi
-									 WHERE c.live AND c.lo <= next_id AND next_id < c.hi AND s.live) THEN
-		BEGIN
-			IF NOT dry_run THEN
-				PERFORM set_config('lock_timeout', '500ms', true);
-				LOCK TABLE dwarf.step IN ACCESS EXCLUSIVE MODE;
-				PERFORM set_config('lock_timeout', lock_timeout, true);
-				next_id := dwarf_internal.next_flow_id();
-			END IF;
-			FOR g IN SELECT s.* FROM dwarf.segment c JOIN dwarf.segment s ON s.lo > c.hi
-					  WHERE c.live AND c.lo <= next_id AND next_id < c.hi AND s.live
-					  ORDER BY s.lo LOOP
-				IF NOT dry_run THEN
-					EXECUTE format('DROP TABLE dwarf.%I', g.relation);
-					DELETE FROM dwarf.segment WHERE lo = g.lo;
-				END IF;
+	IF rate IS NOT NULL THEN
+		FOR g IN SELECT s.* FROM dwarf.segment c JOIN dwarf.segment s ON s.lo > c.hi
+				  WHERE c.live AND c.lo <= next_id AND next_id < c.hi AND s.live
+					AND NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id >= s.lo AND f.id < s.hi)
+				  ORDER BY s.lo LOOP
+			EXECUTE format('SELECT EXISTS (SELECT 1 FROM dwarf.%I)', g.relation) INTO has_steps;
+			IF NOT has_steps THEN
 				segs_replaced := segs_replaced || g.relation::text;
+			END IF;
+		END LOOP;
+	END IF;
+	IF cardinality(segs_replaced) > 0 AND NOT dry_run THEN
+		BEGIN
+			PERFORM set_config('lock_timeout', '500ms', true);
+			LOCK TABLE dwarf.step IN ACCESS EXCLUSIVE MODE;
+			PERFORM set_config('lock_timeout', lock_timeout, true);
+			/* no step is written now; a flow may have come (not this far ahead) */
+			FOR g IN SELECT s.* FROM dwarf.segment s WHERE s.relation = ANY (segs_replaced)
+					  AND NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id >= s.lo AND f.id < s.hi) LOOP
+				EXECUTE format('DROP TABLE dwarf.%I', g.relation);
+				DELETE FROM dwarf.segment WHERE lo = g.lo;
 			END LOOP;
 		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
 			segs_replaced := '{}';		/* the next pass drops them */

@@ -34,7 +34,9 @@
 # 10. A fresh install's first pass, before any flow id was handed out,
 #     makes segments doubling in width ahead of the first, so that a load
 #     starting after it finds segments made; once passes have learnt the
-#     rate, a pass drops those beyond the one after the current.
+#     rate, a pass drops those beyond the one after the current, but
+#     never one that holds a step or covers a flow (a restore into a
+#     server whose ids start lower brings such segments above the ids).
 #
 # Every wait polls with a deadline; nothing is timed.
 use strict;
@@ -262,27 +264,37 @@ SELECT (SELECT count(*) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' 
 is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($first_burst)"),
 	'ABC', 'and dwarf.history reads them there');
 
-# 8. dwarf.delete while a pass moves the flow's steps between the default
-# partition and the archive (here by hand, in the same statements the pass
-# runs): the delete waits for the move, and then deletes the steps where
-# they went, which its first statement's snapshot did not see.
-my $moved = (split /,/, $burst)[1];
-my $mover = $node->background_psql('postgres');
-$mover->query_safe(qq{
+# call_during_move($flow, $call): runs "SELECT $call" while a pass moves
+# $flow's steps from the archive to the default partition (here by hand,
+# in the same statements the pass runs), and commits the move once the
+# call waits for it.
+sub call_during_move
+{
+	my ($flow, $call) = @_;
+	my ($function) = $call =~ /^([\w.]+)/;
+	my $mover = $node->background_psql('postgres');
+	$mover->query_safe(qq{
 BEGIN;
 SET LOCAL session_replication_role = replica;
-WITH gone AS (DELETE FROM dwarf.step_archive WHERE flow_id = $moved RETURNING *)
+WITH gone AS (DELETE FROM dwarf.step_archive WHERE flow_id = $flow RETURNING *)
 INSERT INTO dwarf.step_default SELECT * FROM gone;});
-my $deleter = $node->background_psql('postgres');
-$deleter->query_until(qr/deleting/, qq{\\echo deleting\nSELECT dwarf.delete($moved);\n});
-ok( $node->poll_query_until('postgres', q{
+	my $caller = $node->background_psql('postgres');
+	$caller->query_until(qr/calling/, qq{\\echo calling\nSELECT $call;\n});
+	ok( $node->poll_query_until('postgres', qq{
 		SELECT count(*) FROM pg_stat_activity
-		 WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT dwarf.delete%'}, '1'),
-	'dwarf.delete waits for the move of its flow\'s steps');
-$mover->query_safe('COMMIT');
-$deleter->query_safe('SELECT 1');
-$mover->quit;
-$deleter->quit;
+		 WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT $function%'}, '1'),
+		"$function waits for the move of flow ${flow}'s steps");
+	$mover->query_safe('COMMIT');
+	$caller->query_safe('SELECT 1');
+	$mover->quit;
+	$caller->quit;
+}
+
+# 8. dwarf.delete during the move: it waits for the move, and then deletes
+# the steps where they went, which its first statement's snapshot did not
+# see.
+my $moved = (split /,/, $burst)[1];
+call_during_move($moved, "dwarf.delete($moved)");
 is( $node->safe_psql('postgres', qq{
 SELECT (SELECT count(*) FROM dwarf.step_all WHERE flow_id = $moved) || ' '
        || (SELECT count(*) FROM dwarf.flow_all WHERE id = $moved)}),
@@ -291,22 +303,7 @@ SELECT (SELECT count(*) FROM dwarf.step_all WHERE flow_id = $moved) || ' '
 # 9. dwarf.purge in the same window: it deletes the flow's steps again by
 # the ids it purged, in a statement that sees where the move put them.
 my $purged_one = (split /,/, $burst)[2];
-$mover = $node->background_psql('postgres');
-$mover->query_safe(qq{
-BEGIN;
-SET LOCAL session_replication_role = replica;
-WITH gone AS (DELETE FROM dwarf.step_archive WHERE flow_id = $purged_one RETURNING *)
-INSERT INTO dwarf.step_default SELECT * FROM gone;});
-my $purger = $node->background_psql('postgres');
-$purger->query_until(qr/purging/, qq{\\echo purging\nSELECT dwarf.purge('0 s');\n});
-ok( $node->poll_query_until('postgres', q{
-		SELECT count(*) FROM pg_stat_activity
-		 WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT dwarf.purge%'}, '1'),
-	'dwarf.purge waits for the move of a flow\'s steps');
-$mover->query_safe('COMMIT');
-$purger->query_safe('SELECT 1');
-$mover->quit;
-$purger->quit;
+call_during_move($purged_one, "dwarf.purge('0 s')");
 is( $node->safe_psql('postgres', qq{
 SELECT (SELECT count(*) FROM dwarf.flow_all WHERE id = $purged_one) || ' '
        || (SELECT count(*) FROM dwarf.step_all s
@@ -359,6 +356,26 @@ SELECT (SELECT string_agg(r, ',' ORDER BY substr(r, 6)::bigint)
   FROM dwarf.segment WHERE live}),
 	"$beyond 0 1 0",
 	'a pass that knows the rate dropped those, and only those: the one after the current is left, and no table of theirs');
+
+# Segments above the ids, as a restore would bring: one with a step stays,
+# an empty one goes.
+$node->safe_psql('fresh', q{
+SELECT dwarf_internal.make_step_segment(1000000000, 1000000064, true);
+SELECT dwarf_internal.make_step_segment(2000000000, 2000000064, true);
+SET session_replication_role = replica;
+INSERT INTO dwarf.step (flow_id, step_id, token, task, status, attempt, started_at, finished_at)
+VALUES (1000000001, 1, 0, 'A', 'completed', 1, now(), now());
+});
+ok( $node->poll_query_until('fresh', qq{
+		SELECT clock_timestamp() > ('$second'::jsonb->>'next_id_at')::timestamptz + interval '1.1 s'}),
+	'over a second after the second pass');
+my $third = $node->safe_psql('fresh', 'SELECT dwarf.maintain()');
+is( $node->safe_psql('fresh', qq{
+SELECT ('$third'::jsonb->'segments_replaced')::text || ' '
+       || (SELECT string_agg(relation, ',' ORDER BY lo) FROM dwarf.segment WHERE lo >= 1000000000) || ' '
+       || (SELECT count(*) FROM dwarf.step WHERE flow_id = 1000000001)}),
+	'["step_2000000000"] step_1000000000 1',
+	'a segment above the ids that holds a step stays, with its step; an empty one is dropped');
 
 check_no_crash($node, 'no crash');
 stop_node($node, $t0);
