@@ -1664,8 +1664,8 @@ BEGIN
 		/*
 		 * A fresh install (no segment yet, no flow id ever handed out):
 		 * nothing says how fast the ids will go once flows come, and a
-		 * load that starts after this pass would outrun a
-		 * segment of the minimum width within seconds, its steps going to
+		 * load that starts after this pass would outrun a segment of the
+		 * minimum width within seconds, its steps going to
 		 * dwarf.step_default until the next pass, to be copied out of it.
 		 * Segments that double in width follow, up to guess_reach ids, so
 		 * that whatever the rate, the ids at the next pass are in one
