@@ -1575,9 +1575,11 @@ BEGIN
 
 	/*
 	 * The segments a fresh install's first pass made ahead with no rate to
-	 * go by (below), once passes have learnt one: those beyond the one
-	 * after the current are dropped, no flow having reached them, and the
-	 * next passes make segments at the rate's width.  No other pass makes
+	 * go by (below), once flows come: the first pass that sees the ids
+	 * move drops those beyond the one after the current, no flow having
+	 * reached them, and the next passes make segments at the rate's width.
+	 * Until then they stay, however many passes run before the first
+	 * flow, for a load that starts between two passes.  No other pass makes
 	 * a segment beyond the one after the current; but a restore into a
 	 * server whose flow ids start lower (another dwarf.shard_id, an
 	 * earlier timeline) brings segments above the ids, and those hold
@@ -1586,7 +1588,7 @@ BEGIN
 	 * default partition is locked below: the order every writer of steps
 	 * takes.
 	 */
-	IF rate IS NOT NULL THEN
+	IF rate > 0 THEN
 		FOR g IN SELECT s.* FROM dwarf.segment c JOIN dwarf.segment s ON s.lo > c.hi
 				  WHERE c.live AND c.lo <= next_id AND next_id < c.hi AND s.live
 					AND NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id >= s.lo AND f.id < s.hi)
@@ -1669,8 +1671,8 @@ BEGIN
 		 * dwarf.step_default until the next pass, to be copied out of it.
 		 * Segments that double in width follow, up to guess_reach ids, so
 		 * that whatever the rate, the ids at the next pass are in one
-		 * about as wide as the ids gone since this one; the passes that
-		 * know the rate drop the rest (above).
+		 * about as wide as the ids gone since this one; the first pass
+		 * after flows came drops the rest (above).
 		 */
 		IF fresh THEN
 			prev_hi := next_id + width;
