@@ -1588,14 +1588,15 @@ BEGIN
 	 * default partition is locked below: the order every writer of steps
 	 * takes.
 	 */
-	IF rate > 0 THEN
-		FOR g IN SELECT s.* FROM dwarf.segment c JOIN dwarf.segment s ON s.lo > c.hi
-				  WHERE c.live AND c.lo <= next_id AND next_id < c.hi AND s.live
+	SELECT * INTO g FROM dwarf.segment s WHERE s.live AND s.lo <= next_id AND next_id < s.hi;
+	IF FOUND AND rate > 0 THEN
+		FOR d IN SELECT s.* FROM dwarf.segment s
+				  WHERE s.live AND s.lo > g.hi
 					AND NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id >= s.lo AND f.id < s.hi)
 				  ORDER BY s.lo LOOP
-			EXECUTE format('SELECT EXISTS (SELECT 1 FROM dwarf.%I)', g.relation) INTO has_steps;
+			EXECUTE format('SELECT EXISTS (SELECT 1 FROM dwarf.%I)', d.relation) INTO has_steps;
 			IF NOT has_steps THEN
-				segs_replaced := segs_replaced || g.relation::text;
+				segs_replaced := segs_replaced || d.relation::text;
 			END IF;
 		END LOOP;
 	END IF;
