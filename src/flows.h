@@ -44,7 +44,7 @@ extern void Connect(void);
 extern void Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
 				 int expect);
 extern SPIPlanPtr PrepareKept(const char *sql, int nargs, Oid *types);
-extern SPIPlanPtr PrepareKeptReplanned(const char *sql, int nargs, Oid *types, bool replan);
+extern int	ExecKeptByKeys(SPIPlanPtr plan, Datum *args, bool read_only);
 extern void ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *args,
 					 int expect);
 

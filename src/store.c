@@ -174,13 +174,13 @@ PreparePlans(void)
 		4, close_types);
 	/*
 	 * A few flows (a dwarf.run, a resume) are read one by one by primary
-	 * key; many at once (a bulk create, a restart) with one statement that
-	 * is planned for each call's ids, see PrepareKeptReplanned.
+	 * key; many at once (a bulk create, a restart) with one statement run
+	 * by ExecKeptByKeys.
 	 */
 	LoadFlowPlan = PrepareKept(LOAD_FLOWS_SQL("id = $1"), 1, int8_type);
-	LoadFlowsPlan = PrepareKeptReplanned(LOAD_FLOWS_SQL("id = ANY($1)"), 1, ids_type, true);
+	LoadFlowsPlan = PrepareKept(LOAD_FLOWS_SQL("id = ANY($1)"), 1, ids_type);
 	ScanFlowsPlan = PrepareKept(SCAN_IDS_SQL, 2, scan_types);
-	WakeTimesPlan = PrepareKeptReplanned(WAKE_TIMES_SQL, 1, ids_type, true);
+	WakeTimesPlan = PrepareKept(WAKE_TIMES_SQL, 1, ids_type);
 	LoadStepsPlan = PrepareKept(STEP_ROWS_SQL " ORDER BY step_id", 1, int8_type);
 	LoadGraphPlan = PrepareKept(
 		"SELECT definition, name, version FROM dwarf.graph WHERE id = $1",
@@ -343,9 +343,8 @@ LoadAnswers(int64 *ids, int n)
 	PreparePlans();
 	arg = PointerGetDatum(construct_array(datums, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	if (AnswersOfPlan == NULL)
-		AnswersOfPlan = PrepareKeptReplanned(ANSWER_ROWS_SQL " WHERE flow_id = ANY($1)",
-											 1, types, true);
-	if (SPI_execute_plan(AnswersOfPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		AnswersOfPlan = PrepareKept(ANSWER_ROWS_SQL " WHERE flow_id = ANY($1)", 1, types);
+	if (ExecKeptByKeys(AnswersOfPlan, &arg, true) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not read the answers of external steps");
 	for (i = 0; i < SPI_processed; i++)
 	{
@@ -838,7 +837,7 @@ SortOutFlows(Datum *ids, int n)
 	Datum		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	uint64		i;
 
-	if (SPI_execute_plan(WakeTimesPlan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+	if (ExecKeptByKeys(WakeTimesPlan, &arg, true) != SPI_OK_SELECT)
 		elog(ERROR, "dwarf: could not read when flows wake");
 	for (i = 0; i < SPI_processed; i++)
 	{
@@ -1038,7 +1037,7 @@ LoadFlows(int max)
 	{
 		Datum		arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 
-		if (SPI_execute_plan(LoadFlowsPlan, &arg, NULL, false, 0) != SPI_OK_SELECT)
+		if (ExecKeptByKeys(LoadFlowsPlan, &arg, false) != SPI_OK_SELECT)
 			elog(ERROR, "dwarf: could not load flows");
 		TakeLoadedRows(any_replay, outer, failed, &nfailed, &closed);
 	}
