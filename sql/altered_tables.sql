@@ -30,6 +30,15 @@ ALTER TABLE dwarf.flow DROP COLUMN note;
 SELECT status, jsonb_path_query_array(state, '$.ok') AS ok
   FROM dwarf.run('alt_two', '{}', timeout => '60 s');
 
+-- A constraint added to dwarf.flow holds for the rows dwarf.create and the
+-- workers write, though both read the table's definition before it came
+-- (they keep it until the table changes); dropped, it no longer holds.
+ALTER TABLE dwarf.flow ADD CONSTRAINT alt_no_slow CHECK (NOT input ? 'slow');
+SELECT dwarf.create('alt_two', '{"slow": true}') IS NOT NULL AS created;
+SELECT status FROM dwarf.run('alt_two', '{"slow": true}', timeout => '60 s');
+ALTER TABLE dwarf.flow DROP CONSTRAINT alt_no_slow;
+SELECT status FROM dwarf.run('alt_two', '{"slow": true}', timeout => '60 s');
+
 -- One step's row breaks a constraint: its flow fails with an error that
 -- says so, once other steps have been recorded meanwhile; the others run.
 ALTER TABLE dwarf.step ADD CONSTRAINT alt_no_poison

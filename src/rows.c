@@ -7,7 +7,8 @@
  * set up and torn down per row (its check constraints parsed again each
  * time).  Instead the tables are opened once per transaction (a worker's
  * batch, or the caller's of dwarf.create) as the executor's result
- * relations, and each row goes through the executor's
+ * relations, their defaults and constraints read once until the table
+ * changes (see RowTable), and each row goes through the executor's
  * row machinery: ExecConstraints, table_tuple_insert or _update, and
  * ExecInsertIndexTuples, which keeps every index as a statement would
  * (unique checks, partial indexes' predicates, BRIN).  The rows are
@@ -41,11 +42,13 @@
 #include "executor/execPartition.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
+#include "optimizer/optimizer.h"
 #include "parser/parse_relation.h"
 #include "partitioning/partdesc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/numeric.h"
@@ -59,24 +62,34 @@
 
 /*
  * One of dwarf's tables, opened as a result relation for this transaction,
- * with where the columns dwarf writes are in it (found by name at each
- * open, so that a column an administrator added or dropped moves nothing)
- * and the defaults of the columns dwarf does not know.
+ * and what its definition says that dwarf needs to write its rows: where
+ * the columns dwarf writes are (found by name, so that a column an
+ * administrator added or dropped moves nothing), the defaults of the
+ * columns dwarf does not know, and its CHECK constraints, ready to run.
+ * That part, the table's shape, is kept across transactions until the
+ * table's relcache entry is invalidated (ForgetShapes): a dwarf.run alone
+ * is a batch of its own, and reading the defaults and constraints again
+ * from their stored text at every open was a twelfth of its worker's CPU.
  */
 typedef struct RowTable
 {
 	const char *name;
 	const char *const *columns;	/* the columns dwarf writes, in its order */
 	int			ncolumns;
+	/* this transaction's */
 	Relation	rel;
 	ResultRelInfo *rri;
 	TupleTableSlot *slot;		/* a row to write */
 	TupleTableSlot *old;		/* a row read to update */
 	Relation	pkey;			/* its primary key's index, among rri's */
+	/* the shape, in shape_cxt, of the table whose OID is shape_of */
+	Oid			shape_of;		/* InvalidOid: to be read again */
+	MemoryContext shape_cxt;
 	AttrNumber *column;			/* 0-based attribute of each of columns */
 	int			ndefaults;		/* other columns that have a default: */
 	AttrNumber *default_att;	/* ... which (0-based) */
 	ExprState **default_expr;	/* ... and its expression */
+	ExprState **checks;			/* its CHECK constraints, in the relcache's order */
 } RowTable;
 
 static const char *const StepColumnNames[SC_COUNT] = {
@@ -193,18 +206,41 @@ static void RegisterRowsHooks(void);
 static void FlushSteps(void);
 
 /*
- * Finds where dwarf's columns are in the table, and prepares the defaults
- * of the others: a column an administrator added gets its default, as an
- * INSERT that does not name it would give it; a dropped one is skipped.
- * A column of dwarf's that is gone is an error that says so.
+ * An expression of the table's definition (a default, a CHECK constraint)
+ * made ready to run in any transaction, as ExecPrepareExpr makes it for
+ * one: planned, and with no executor state of its own.
+ */
+static ExprState *
+KeptExpr(Node *expr)
+{
+	return ExecInitExpr(expression_planner((Expr *) expr), NULL);
+}
+
+/*
+ * Reads the table's shape (see RowTable) unless it is kept: where dwarf's
+ * columns are, the defaults of the others (a column an administrator
+ * added gets its default, as an INSERT that does not name it would give
+ * it; a dropped one is skipped) and the CHECK constraints.  A column of
+ * dwarf's that is gone is an error that says so.
  */
 static void
-FindColumns(RowTable *t)
+FindShape(RowTable *t)
 {
 	TupleDesc	desc = RelationGetDescr(t->rel);
-	bool	   *ours = palloc0(sizeof(bool) * desc->natts);
+	TupleConstr *constr = desc->constr;
+	MemoryContext old;
+	bool	   *ours;
 	int			i;
 
+	if (t->shape_of == RelationGetRelid(t->rel))
+		return;
+	if (t->shape_cxt == NULL)
+		t->shape_cxt = AllocSetContextCreate(TopMemoryContext, "dwarf table shape",
+											 ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(t->shape_cxt);
+	old = MemoryContextSwitchTo(t->shape_cxt);
+	ours = palloc0(sizeof(bool) * desc->natts);
 	t->column = palloc(sizeof(AttrNumber) * t->ncolumns);
 	for (i = 0; i < t->ncolumns; i++)
 	{
@@ -230,9 +266,18 @@ FindColumns(RowTable *t)
 			(expr = build_column_default(t->rel, i + 1)) == NULL)
 			continue;
 		t->default_att[t->ndefaults] = i;
-		t->default_expr[t->ndefaults++] = ExecPrepareExpr((Expr *) expr, RowsState);
+		t->default_expr[t->ndefaults++] = KeptExpr(expr);
 	}
-	pfree(ours);
+	t->checks = NULL;
+	if (constr != NULL && constr->num_check > 0)
+	{
+		/* what ExecConstraints would make from the same strings */
+		t->checks = palloc(sizeof(ExprState *) * constr->num_check);
+		for (i = 0; i < constr->num_check; i++)
+			t->checks[i] = KeptExpr(stringToNode(constr->check[i].ccbin));
+	}
+	MemoryContextSwitchTo(old);
+	t->shape_of = RelationGetRelid(t->rel);
 }
 
 /*
@@ -273,7 +318,8 @@ OpenTable(RowTable *t)
 			t->pkey = t->rri->ri_IndexRelationDescs[i];
 	t->slot = table_slot_create(t->rel, NULL);
 	t->old = table_slot_create(t->rel, NULL);
-	FindColumns(t);
+	FindShape(t);
+	t->rri->ri_ConstraintExprs = t->checks;	/* NULL: ExecConstraints makes them */
 	CurrentResourceOwner = owner;
 	MemoryContextSwitchTo(old);
 	return t;
@@ -816,6 +862,22 @@ RowsExecutorStart(QueryDesc *queryDesc, int eflags)
 }
 
 /*
+ * A relcache invalidation of one of dwarf's tables (an ALTER TABLE, an
+ * ANALYZE), or of all of them: its shape is read again at its next open.
+ * Only forgotten here: a transaction that has the table open goes on with
+ * the shape it read, which its lock keeps true (a change of the table's
+ * columns, defaults or constraints waits for that lock).
+ */
+static void
+ForgetShapes(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == Steps.shape_of)
+		Steps.shape_of = InvalidOid;
+	if (relid == InvalidOid || relid == Flows.shape_of)
+		Flows.shape_of = InvalidOid;
+}
+
+/*
  * Registers the callbacks and the hook above, once per process, when it
  * first opens one of dwarf's tables here: a process that never does pays
  * nothing for them.
@@ -823,6 +885,7 @@ RowsExecutorStart(QueryDesc *queryDesc, int eflags)
 static void
 RegisterRowsHooks(void)
 {
+	CacheRegisterRelcacheCallback(ForgetShapes, (Datum) 0);
 	RegisterXactCallback(RowsXactCallback, NULL);
 	RegisterSubXactCallback(RowsSubXactCallback, NULL);
 	PrevExecutorStart = ExecutorStart_hook;
