@@ -276,14 +276,15 @@ PrepareKept(const char *sql, int nargs, Oid *types)
  * Executes a kept plan of a statement that reads rows by a list of keys
  * ("id = ANY($1)"), with sequential scans off while it is planned, so that
  * it reads the keys' rows by index whatever the table's statistics say.
- * They cannot say what matters: the keys are recent ids, a few pages at
- * the table's end.  A plan made while the table was empty (a worker that
- * started before any flow) scans the table whole; so does one made for a
- * thousand keys once the table holds some tens of thousands of rows, and
- * then every load of a thousand flows reads the table whole (25 ms at
- * 50,000 rows).  The generic plan is made at the first execution and
- * again when the table's statistics or definition change, both inside
- * SPI_execute_plan, hence the setting around it.
+ * A plan made while the table was empty (a worker that started before
+ * any flow) scans the table whole; so does one made for a thousand keys
+ * while the table has no statistics (a fresh install until autovacuum
+ * first analyzes it, a restored one): each key gets the default
+ * selectivity, and a thousand of them cover the table.  Then every load of
+ * a thousand flows read the table whole (25 ms at 50,000 rows).  The
+ * generic plan is made at the first execution and again when the table's
+ * statistics or definition change, both inside SPI_execute_plan, hence
+ * the setting around it.
  */
 int
 ExecKeptByKeys(SPIPlanPtr plan, Datum *args, bool read_only)
