@@ -35,10 +35,19 @@ wait_for_workers($node, 'two workers run');
 # sequential scan of theirs counts against the workers'.
 $ENV{PGOPTIONS} = '-c enable_seqscan=off';
 
+# One test: no flow runs any more (read by key: "id > 0").
+sub all_closed
+{
+	my ($message) = @_;
+	local $Test::Builder::Level = $Test::Builder::Level + 1;
+	return ok(
+		$node->poll_query_until('postgres',
+			"SELECT count(*) FROM dwarf.flow WHERE id > 0 AND status = 'running'", '0'),
+		$message);
+}
+
 $node->safe_psql('postgres', q{SELECT count(dwarf.create('one', '{}')) FROM generate_series(1, 20000)});
-ok( $node->poll_query_until('postgres',
-		"SELECT count(*) FROM dwarf.flow WHERE id > 0 AND status = 'running'", '0'),
-	'20,000 flows closed');
+all_closed('20,000 flows closed');
 
 # A worker's table statistics reach pg_stat_user_tables when it next
 # reports them; every flow's close is an update of its row, so once the
@@ -49,16 +58,13 @@ sub flow_counts
 	return $node->safe_psql('postgres',
 		"SELECT seq_scan || ' ' || n_tup_upd FROM pg_stat_user_tables WHERE relid = 'dwarf.flow'::regclass");
 }
-my ($scans0, $updates0);
 ok( $node->poll_query_until('postgres',
 		"SELECT n_tup_upd >= 20000 FROM pg_stat_user_tables WHERE relid = 'dwarf.flow'::regclass"),
 	"the 20,000 closes are in the flow table's statistics");
-($scans0, $updates0) = split / /, flow_counts();
+my ($scans0, $updates0) = split / /, flow_counts();
 
 $node->safe_psql('postgres', q{SELECT count(dwarf.create('one', '{}')) FROM generate_series(1, 3000)});
-ok( $node->poll_query_until('postgres',
-		"SELECT count(*) FROM dwarf.flow WHERE id > 0 AND status = 'running'", '0'),
-	'the 3,000 new flows closed');
+all_closed('the 3,000 new flows closed');
 ok( $node->poll_query_until('postgres',
 		"SELECT n_tup_upd >= $updates0 + 3000 FROM pg_stat_user_tables WHERE relid = 'dwarf.flow'::regclass"),
 	"their closes are in the flow table's statistics");
