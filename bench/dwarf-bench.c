@@ -94,8 +94,8 @@ typedef struct Counters
 
 /*
  * A server's counters at one instant, NAN where unknown.  steps is the
- * highest dwarf.step.step_id at the window's start, and the number of steps
- * past it at the window's end.  wal_stat_bytes is what pg_stat_wal has been
+ * highest step id in dwarf.step_log at the window's start, and the number
+ * of steps past it at the window's end.  wal_stat_bytes is what pg_stat_wal has been
  * told about, to compare with the LSN.
  */
 typedef struct Snap
@@ -1055,16 +1055,19 @@ snap_take(Shard *sh, Snap *s, const Snap *begin, bool dwarf)
 		s->wal_stat_bytes = atof(PQgetvalue(res, 0, 5));
 		PQclear(res);
 	}
-	/* dwarf.step.step_id has a BRIN index: look past the last mark only */
+	/*
+	 * dwarf.step_log's rows (a flow's steps packed) have a BRIN index on
+	 * their least and greatest step id: look past the last mark only
+	 */
 	snprintf(mark, sizeof mark, "%.0f", begin ? begin->steps : sh->step_mark);
 	if (!dwarf || (begin && isnan(begin->steps)))
 		res = NULL;
 	else if (begin == NULL)
-		res = mon_query(sh, "SELECT coalesce(max(step_id), $1::bigint), " RUNNING_SQL
-						" FROM dwarf.step WHERE step_id > $1::bigint", mark);
+		res = mon_query(sh, "SELECT coalesce(max(last_step), $1::bigint), " RUNNING_SQL
+						" FROM dwarf.step_log WHERE last_step > $1::bigint", mark);
 	else
-		res = mon_query(sh, "SELECT count(*), " RUNNING_SQL " FROM dwarf.step "
-						"WHERE step_id > $1::bigint", mark);
+		res = mon_query(sh, "SELECT count(*), " RUNNING_SQL " FROM dwarf.step_log l,"
+						" unnest(l.step_id) s WHERE l.last_step > $1::bigint AND s > $1::bigint", mark);
 	if (res != NULL)
 	{
 		s->steps = atof(PQgetvalue(res, 0, 0));
@@ -1079,7 +1082,7 @@ snap_take(Shard *sh, Snap *s, const Snap *begin, bool dwarf)
 
 /*
  * Turn the shards' window counters and snapshots into metrics.  Steps come
- * from dwarf.step where it could be counted, else from completed flows.
+ * from dwarf.step_log where it could be counted, else from completed flows.
  * WAL, WAL flushes and CPU are server-wide: for shards that share a server
  * they are taken once, and per step of all its shards.
  */

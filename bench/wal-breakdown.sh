@@ -93,7 +93,7 @@ report() {
 
 echo "# issue 25 WAL breakdown: $(date -u '+%F %T UTC'), $TREE at $(git -C "$TREE" rev-parse --short HEAD)$(git -C "$TREE" diff --quiet HEAD -- src sql || echo ' (modified)'), $FLOWS flows x 10 steps"
 [[ -z ${SETUP_SQL:-} ]] || echo "SETUP_SQL: $SETUP_SQL"
-echo "indexes: $(q -c "SELECT string_agg(indexrelid::regclass::text, ', ' ORDER BY 1) FROM pg_index WHERE indrelid IN ('dwarf.step'::regclass, 'dwarf.flow'::regclass)")"
+echo "indexes: $(q -c "SELECT string_agg(indexrelid::regclass::text, ', ' ORDER BY 1) FROM pg_index WHERE indrelid IN (SELECT relid FROM pg_partition_tree('dwarf.step_log') UNION ALL SELECT 'dwarf.flow'::regclass)")"
 burst "$WARM" >/dev/null
 q -c "CHECKPOINT"; sleep 1
 read -r l0 l1 <<<"$(burst "$FLOWS")"
@@ -104,9 +104,9 @@ q -c "SET dwarf.archive_after = 0" -c "SELECT dwarf.maintain()"
 a1=$(q -c "SELECT pg_current_wal_lsn()")
 report "2. archive: dwarf.maintain() with archive_after = 0 moving all $steps steps (the warm-up's pages written before the CHECKPOINT)" "$a0" "$a1" "$steps"
 v0=$(q -c "SELECT pg_current_wal_lsn()")
-q -c "VACUUM dwarf.step" -c "VACUUM dwarf.flow"
+q -c "VACUUM dwarf.step_log" -c "VACUUM dwarf.flow"
 v1=$(q -c "SELECT pg_current_wal_lsn()")
-report "3. VACUUM dwarf.step, dwarf.flow after the archive (no checkpoint between: no FPIs)" "$v0" "$v1" "$steps"
+report "3. VACUUM dwarf.step_log, dwarf.flow after the archive (no checkpoint between: no FPIs)" "$v0" "$v1" "$steps"
 q -c "CHECKPOINT"; sleep 1
 read -r l0 l1 <<<"$(burst "$FLOWS")"
 report "4. run again: a burst of $FLOWS flows into the emptied, vacuumed tables, after a CHECKPOINT" "$l0" "$l1" $((FLOWS * 10))

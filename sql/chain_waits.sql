@@ -115,9 +115,10 @@ CREATE FUNCTION cw.ordered(flow bigint) RETURNS boolean LANGUAGE sql AS $$
 CREATE FUNCTION cw.with_its_step(flow bigint) RETURNS boolean LANGUAGE sql AS $$
 	SELECT bool_and(s.x IS NOT NULL AND l.txn IS NOT NULL
 					AND s.x = l.txn::text::bigint % 4294967296)
-	  FROM (SELECT task, xmin::text::bigint AS x,
-				   row_number() OVER (PARTITION BY task ORDER BY step_id) AS n
-			  FROM dwarf.step WHERE flow_id = flow AND status NOT IN ('failed', 'resumed')) s
+	  FROM (SELECT u.task, l.xmin::text::bigint AS x,
+				   row_number() OVER (PARTITION BY u.task ORDER BY u.step_id) AS n
+			  FROM dwarf.step_log l, unnest(l.step_id, l.task, l.status) u(step_id, task, status)
+			 WHERE l.flow_id = flow AND u.status NOT IN ('failed', 'resumed')) s
 	  FULL JOIN (SELECT * FROM cw.log WHERE flow_id = flow) l USING (task, n) $$;
 -- The step rows of a flow, in order.
 CREATE FUNCTION cw.steps(flow bigint) RETURNS TABLE (task text, status text, attempt int)

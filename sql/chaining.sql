@@ -31,7 +31,7 @@ BEGIN PERFORM dwarf.sleep('300 ms'); RETURN '{}'; END $$;
 
 -- The commits a flow's steps took: the distinct transactions of its rows.
 CREATE FUNCTION ch.commits(flow bigint) RETURNS bigint LANGUAGE sql AS $$
-	SELECT count(DISTINCT xmin::text) FROM dwarf.step WHERE flow_id = flow $$;
+	SELECT count(DISTINCT xmin::text) FROM dwarf.step_log WHERE flow_id = flow $$;
 
 SELECT dwarf.define('ch_ten', '{"tasks": {"A": "ch.noop", "B": "ch.noop", "C": "ch.noop",
   "D": "ch.noop", "E": "ch.noop", "F": "ch.noop", "G": "ch.noop", "H": "ch.noop",

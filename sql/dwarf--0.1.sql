@@ -108,53 +108,78 @@ COMMENT ON COLUMN dwarf.flow.tree_flows IS
 CREATE SEQUENCE dwarf.step_seq INCREMENT BY 64;
 
 /*
- * One row per step attempt, appended when the step's transaction commits.
- * This is the only row written per step: the flow's cursor is the set of its
- * steps, so replaying them over the flow's input rebuilds where it stands.
+ * The step log: what each step attempt did, appended when the step's
+ * transaction commits.  This is the only thing written per step: the
+ * flow's cursor is the set of its steps, so replaying them over the flow's
+ * input rebuilds where it stands.  Read it as dwarf.step, one row per step.
+ *
+ * It is stored packed: a row of dwarf.step_log holds the steps of one flow
+ * that one transaction wrote together (a worker's batch runs a flow's
+ * chain of steps in one transaction), each column an array with an element
+ * per step, in execution order, and NULL where every element would be.
+ * One row and one index entry for a flow's run of steps, not one per step,
+ * is what halves the WAL a step costs (bench/README.md, issue 25).
+ * first_step and last_step are the first and last of the row's step ids,
+ * for the lookups by step id (dwarf.fork).
  *
  * The step log is written once and never moved.  It is partitioned by
  * flow id into segments, each the steps of the flows created in a span of
  * time (dwarf.segment_interval): dwarf.maintain makes the next segments
  * ahead of the flow ids, hands a segment whose flows have all closed to
- * dwarf.step_archive by detaching and attaching it (no row is copied), and
- * drops archived segments past dwarf.retention whole.  A segment has no
- * updates and no deletes, so autovacuum has nothing to do there and is off.
- * The default partition takes what no segment covers: every step until
- * dwarf.maintain first runs, the steps of a flow whose id was handed out
- * before its segment was archived, and the steps of the few flows still
- * open in a segment that is archived (moved there, see
+ * dwarf.step_log_archive by detaching and attaching it (no row is copied),
+ * and drops archived segments past dwarf.retention whole.  A segment has
+ * no updates and no deletes, so autovacuum has nothing to do there and is
+ * off.  The default partition takes what no segment covers: every step
+ * until dwarf.maintain first runs, the steps of a flow whose id was handed
+ * out before its segment was archived, and the steps of the few flows
+ * still open in a segment that is archived (moved there, see
  * dwarf_internal.maintain_at).
  *
  * No index spans partitions (pg_dump's output of a segment must restore as
- * it is, see dwarf.step_archive); each partition has its own, made with it
- * (dwarf_internal.make_step_segment).
+ * it is, see dwarf.step_log_archive); each partition has its own, made
+ * with it (dwarf_internal.make_step_segment).
  */
-CREATE TABLE dwarf.step (
+CREATE TABLE dwarf.step_log (
 	flow_id		bigint NOT NULL,
-	step_id		bigint NOT NULL,
-	token		int NOT NULL,
-	task		text NOT NULL,
-	status		text NOT NULL,
-	attempt		int NOT NULL,
-	started_at	timestamptz NOT NULL,
-	finished_at timestamptz NOT NULL,
-	changes		jsonb,
-	goto_task	text,
-	wake_at		timestamptz,
-	signal		jsonb,
-	error		jsonb
+	first_step	bigint NOT NULL,
+	last_step	bigint NOT NULL,
+	step_id		bigint[] NOT NULL,
+	token		int[] NOT NULL,
+	task		text[] NOT NULL,
+	status		text[] NOT NULL,
+	attempt		int[] NOT NULL,
+	started_at	timestamptz[] NOT NULL,
+	finished_at timestamptz[] NOT NULL,
+	changes		jsonb[],
+	goto_task	text[],
+	wake_at		timestamptz[],
+	signal		jsonb[],
+	error		jsonb[]
 ) PARTITION BY RANGE (flow_id);
-CREATE TABLE dwarf.step_default (LIKE dwarf.step INCLUDING DEFAULTS);
-CREATE UNIQUE INDEX step_default_pkey ON dwarf.step_default (flow_id, step_id);
-CREATE INDEX step_default_step_id ON dwarf.step_default USING brin (step_id);
-ALTER TABLE dwarf.step ATTACH PARTITION dwarf.step_default DEFAULT;
+CREATE TABLE dwarf.step_default (LIKE dwarf.step_log INCLUDING DEFAULTS);
+CREATE UNIQUE INDEX step_default_pkey ON dwarf.step_default (flow_id, first_step);
+CREATE INDEX step_default_step_id ON dwarf.step_default USING brin (first_step, last_step);
+ALTER TABLE dwarf.step_log ATTACH PARTITION dwarf.step_default DEFAULT;
 COMMENT ON TABLE dwarf.step_default IS
-	'Steps no segment of dwarf.step covers (see dwarf.segment); read them through dwarf.step';
-COMMENT ON TABLE dwarf.step IS
-	'Durable step log: one row per task execution, in execution order per flow';
+	'Steps no segment of dwarf.step_log covers (see dwarf.segment); read them through dwarf.step';
+COMMENT ON TABLE dwarf.step_log IS
+	'Durable step log, packed: a row per flow and transaction that wrote its steps, a column an array with an '
+	'element per step (NULL: every element is); read it through dwarf.step, a row per step';
+
+CREATE VIEW dwarf.step WITH (security_invoker = true) AS
+	SELECT l.flow_id, s.step_id, s.token, s.task, s.status, s.attempt, s.started_at, s.finished_at,
+		   s.changes, s.goto_task, s.wake_at, s.signal, s.error
+	  FROM dwarf.step_log l,
+		   LATERAL unnest(l.step_id, l.token, l.task, l.status, l.attempt, l.started_at,
+						  l.finished_at, l.changes, l.goto_task, l.wake_at, l.signal, l.error)
+			 AS s(step_id, token, task, status, attempt, started_at, finished_at,
+				  changes, goto_task, wake_at, signal, error);
+COMMENT ON VIEW dwarf.step IS
+	'Durable step log: one row per task execution (dwarf.step_log unpacked); a flow''s steps in execution order '
+	'are its rows by step_id';
 COMMENT ON COLUMN dwarf.step.status IS
 	'completed, failed, retry (dwarf.retry, or an error the task''s retry policy retries), interrupted, resumed (dwarf.resume) or waiting (dwarf.subgraph). '
-	'Workers append these rows directly, without the executor: no triggers or constraints run on them';
+	'Workers append the rows of dwarf.step_log directly, without the executor: no triggers run for them';
 COMMENT ON COLUMN dwarf.step.token IS
 	'Flow-local number of the branch (token) that ran the step';
 COMMENT ON COLUMN dwarf.step.wake_at IS
@@ -170,13 +195,13 @@ COMMENT ON COLUMN dwarf.step.error IS
  * of roles whose privileges it has.  All writes go through the functions
  * below, which check ownership themselves.
  */
-REVOKE ALL ON dwarf.graph, dwarf.flow, dwarf.step, dwarf.step_default FROM PUBLIC;
-GRANT SELECT ON dwarf.graph, dwarf.flow, dwarf.step TO PUBLIC;
+REVOKE ALL ON dwarf.graph, dwarf.flow, dwarf.step_log, dwarf.step, dwarf.step_default FROM PUBLIC;
+GRANT SELECT ON dwarf.graph, dwarf.flow, dwarf.step_log, dwarf.step TO PUBLIC;
 ALTER TABLE dwarf.flow ENABLE ROW LEVEL SECURITY;
-ALTER TABLE dwarf.step ENABLE ROW LEVEL SECURITY;
+ALTER TABLE dwarf.step_log ENABLE ROW LEVEL SECURITY;
 CREATE POLICY flow_owner ON dwarf.flow FOR SELECT
 	USING (pg_has_role(owner, 'USAGE'));
-CREATE POLICY step_owner ON dwarf.step FOR SELECT
+CREATE POLICY step_owner ON dwarf.step_log FOR SELECT
 	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id));
 
 /*
@@ -242,7 +267,7 @@ SELECT pg_catalog.pg_extension_config_dump('dwarf.incarnation', '');
  * workers, which know only the flows they were told of: this trigger asks
  * each of them to scan the tables again once the session that copied the
  * steps ends (restore.c says why not sooner).  Nothing else writes
- * dwarf.step with a statement: the workers append its rows without the
+ * dwarf.step_log with a statement: the workers append its rows without the
  * executor's triggers, so the trigger costs them nothing.
  */
 CREATE FUNCTION dwarf_internal.restored() RETURNS trigger
@@ -251,12 +276,12 @@ CREATE FUNCTION dwarf_internal.restored() RETURNS trigger
 COMMENT ON FUNCTION dwarf_internal.restored() IS
 	'Trigger of dwarf.step_restored: once the session ends, every dwarf worker of the database scans its tables '
 	'again and carries on the flows it finds';
-CREATE TRIGGER step_restored AFTER INSERT ON dwarf.step
+CREATE TRIGGER step_restored AFTER INSERT ON dwarf.step_log
 	FOR EACH STATEMENT EXECUTE FUNCTION dwarf_internal.restored();
-/* A restore copies the rows into each partition, not through dwarf.step. */
+/* A restore copies the rows into each partition, not through dwarf.step_log. */
 CREATE TRIGGER step_restored AFTER INSERT ON dwarf.step_default
 	FOR EACH STATEMENT EXECUTE FUNCTION dwarf_internal.restored();
-COMMENT ON TRIGGER step_restored ON dwarf.step IS
+COMMENT ON TRIGGER step_restored ON dwarf.step_log IS
 	'Fires for rows written with a statement, which only a restore (pg_restore, psql) does: '
 	'the workers take in the restored flows when its session ends';
 
@@ -267,7 +292,7 @@ COMMENT ON TRIGGER step_restored ON dwarf.step IS
  * Flows are partitioned by the day (UTC) they closed, made by
  * dwarf_internal.make_archive_day, each with indexes of its own, and a day
  * goes as one DROP once older than dwarf.retention.  Steps are partitioned
- * by flow id as dwarf.step is: a segment detached from dwarf.step is
+ * by flow id as dwarf.step_log is: a segment detached from dwarf.step_log is
  * attached here as it is, and dropped once its newest flow's day has gone.
  * Nobody is granted the partitions directly, so every read goes through
  * these parents and their row-level security.
@@ -285,25 +310,35 @@ ALTER TABLE dwarf.flow_archive ALTER COLUMN finished_at SET NOT NULL;
 COMMENT ON TABLE dwarf.flow_archive IS
 	'Closed flows moved out of dwarf.flow by dwarf.maintain(); one partition per day the flow closed (UTC)';
 
-CREATE TABLE dwarf.step_archive (LIKE dwarf.step INCLUDING DEFAULTS)
+CREATE TABLE dwarf.step_log_archive (LIKE dwarf.step_log INCLUDING DEFAULTS)
 	PARTITION BY RANGE (flow_id);
-COMMENT ON TABLE dwarf.step_archive IS
+COMMENT ON TABLE dwarf.step_log_archive IS
 	'The segments of the step log whose flows have all closed, handed over by dwarf.maintain() as they are '
-	'(see dwarf.segment); read a flow''s steps with dwarf.history(flow_id)';
+	'(see dwarf.segment); read them through dwarf.step_archive, or a flow''s steps with dwarf.history(flow_id)';
+CREATE VIEW dwarf.step_archive WITH (security_invoker = true) AS
+	SELECT l.flow_id, s.step_id, s.token, s.task, s.status, s.attempt, s.started_at, s.finished_at,
+		   s.changes, s.goto_task, s.wake_at, s.signal, s.error
+	  FROM dwarf.step_log_archive l,
+		   LATERAL unnest(l.step_id, l.token, l.task, l.status, l.attempt, l.started_at,
+						  l.finished_at, l.changes, l.goto_task, l.wake_at, l.signal, l.error)
+			 AS s(step_id, token, task, status, attempt, started_at, finished_at,
+				  changes, goto_task, wake_at, signal, error);
+COMMENT ON VIEW dwarf.step_archive IS
+	'Archived steps, one row per task execution (dwarf.step_log_archive unpacked)';
 
-REVOKE ALL ON dwarf.flow_archive, dwarf.step_archive FROM PUBLIC;
-GRANT SELECT ON dwarf.flow_archive, dwarf.step_archive TO PUBLIC;
+REVOKE ALL ON dwarf.flow_archive, dwarf.step_log_archive, dwarf.step_archive FROM PUBLIC;
+GRANT SELECT ON dwarf.flow_archive, dwarf.step_log_archive, dwarf.step_archive TO PUBLIC;
 ALTER TABLE dwarf.flow_archive ENABLE ROW LEVEL SECURITY;
-ALTER TABLE dwarf.step_archive ENABLE ROW LEVEL SECURITY;
+ALTER TABLE dwarf.step_log_archive ENABLE ROW LEVEL SECURITY;
 CREATE POLICY flow_archive_owner ON dwarf.flow_archive FOR SELECT
 	USING (pg_has_role(owner, 'USAGE'));
-CREATE POLICY step_archive_owner ON dwarf.step_archive FOR SELECT
+CREATE POLICY step_archive_owner ON dwarf.step_log_archive FOR SELECT
 	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id)
 		   OR EXISTS (SELECT 1 FROM dwarf.flow_archive f WHERE f.id = flow_id));
 
 /*
- * The step log's segments, live (attached to dwarf.step) or archived
- * (attached to dwarf.step_archive): the flow ids [lo, hi) each covers.
+ * The step log's segments, live (attached to dwarf.step_log) or archived
+ * (attached to dwarf.step_log_archive): the flow ids [lo, hi) each covers.
  * dwarf.maintain makes them and keeps this table; a segment made to cover
  * ids handed out before any segment did (a gap) starts archived.
  */
@@ -318,9 +353,9 @@ CREATE TABLE dwarf.segment (
 	summarized_to bigint
 );
 COMMENT ON TABLE dwarf.segment IS
-	'The partitions of the step log: flow ids [lo, hi), in dwarf.step (live) or dwarf.step_archive; '
+	'The partitions of the step log: flow ids [lo, hi), in dwarf.step_log (live) or dwarf.step_log_archive; '
 	'newest_close: the latest close of a flow whose steps it holds, which dwarf.retention counts from; '
-	'summarized_to: how many block ranges of 128 pages its index on step_id summarizes';
+	'summarized_to: how many block ranges of 128 pages its index on step ids summarizes';
 REVOKE ALL ON dwarf.segment FROM PUBLIC;
 GRANT SELECT ON dwarf.segment TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('dwarf.segment', '');
@@ -344,7 +379,7 @@ GRANT SELECT ON dwarf.flow_all, dwarf.step_all TO PUBLIC;
 
 /*
  * A flow's steps, live or archived: the segment (or default partition) of
- * dwarf.step or dwarf.step_archive that covers its id.  The statement is
+ * dwarf.step_log or dwarf.step_log_archive that covers its id.  The statement is
  * planned for the id at each call (EXECUTE), so that both parents are
  * pruned to that one partition when planned: a plan for any id would lock
  * every partition of the archive at each call.  It is a lookup of a few
@@ -1138,7 +1173,7 @@ CREATE FUNCTION dwarf_internal.archive_days(parent regclass)
 	 ORDER BY 1
 $$;
 COMMENT ON FUNCTION dwarf_internal.archive_days(regclass) IS
-	'The day partitions of dwarf.flow_archive or dwarf.step_archive, oldest first';
+	'The day partitions of dwarf.flow_archive or dwarf.step_log_archive, oldest first';
 
 /*
  * Makes the partition of one day (UTC) of dwarf.flow_archive, unless it
@@ -1181,15 +1216,16 @@ COMMENT ON FUNCTION dwarf_internal.make_archive_day(date) IS
 
 /*
  * Makes a segment of the step log for flow ids [lo, hi), attached to
- * dwarf.step (live) or to dwarf.step_archive (a gap: ids handed out before
- * a segment covered them, whose steps wait in dwarf.step_default).  Made
- * as a table of its own and then attached, as an archive day is, with:
- * a CHECK constraint on its range, so that attaching it to the archive
- * later needs no scan; a B-tree on (flow_id, step_id), by which the
- * workers and dwarf.history read a flow's steps; a block-range index on
- * step_id for dwarf.step_key lookups, which costs nothing for rows
- * appended; the restore trigger; and autovacuum off, since its rows are
- * never updated and only the few of a flow that outlives it are deleted.
+ * dwarf.step_log (live) or to dwarf.step_log_archive (a gap: ids handed
+ * out before a segment covered them, whose steps wait in
+ * dwarf.step_default).  Made as a table of its own and then attached, as
+ * an archive day is, with: a CHECK constraint on its range, so that
+ * attaching it to the archive later needs no scan; a B-tree on (flow_id,
+ * first_step), by which the workers and dwarf.history read a flow's
+ * steps; a block-range index on (first_step, last_step) for dwarf.fork's
+ * lookups by step id, which costs nothing for rows appended; the restore
+ * trigger; and autovacuum off, since its rows are never updated and only
+ * the few of a flow that outlives it are deleted.
  */
 CREATE FUNCTION dwarf_internal.make_step_segment(lo bigint, hi bigint, live boolean) RETURNS name
 	LANGUAGE plpgsql STRICT
@@ -1198,16 +1234,16 @@ CREATE FUNCTION dwarf_internal.make_step_segment(lo bigint, hi bigint, live bool
 DECLARE
 	part name := 'step_' || lo;
 BEGIN
-	EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.step INCLUDING DEFAULTS,'
+	EXECUTE format('CREATE TABLE dwarf.%I (LIKE dwarf.step_log INCLUDING DEFAULTS,'
 				   ' CONSTRAINT %I CHECK (flow_id >= %s AND flow_id < %s))'
 				   ' WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)',
 				   part, part || '_range', lo, hi);
-	EXECUTE format('CREATE UNIQUE INDEX %I ON dwarf.%I (flow_id, step_id)', part || '_pkey', part);
-	EXECUTE format('CREATE INDEX %I ON dwarf.%I USING brin (step_id)', part || '_step_id', part);
+	EXECUTE format('CREATE UNIQUE INDEX %I ON dwarf.%I (flow_id, first_step)', part || '_pkey', part);
+	EXECUTE format('CREATE INDEX %I ON dwarf.%I USING brin (first_step, last_step)', part || '_step_id', part);
 	EXECUTE format('CREATE TRIGGER step_restored AFTER INSERT ON dwarf.%I'
 				   ' FOR EACH STATEMENT EXECUTE FUNCTION dwarf_internal.restored()', part);
 	EXECUTE format('ALTER TABLE dwarf.%I ATTACH PARTITION dwarf.%I FOR VALUES FROM (%s) TO (%s)',
-				   CASE WHEN live THEN 'step' ELSE 'step_archive' END, part, lo, hi);
+				   CASE WHEN live THEN 'step_log' ELSE 'step_log_archive' END, part, lo, hi);
 	INSERT INTO dwarf.segment (lo, hi, relation, live, archived_at)
 		VALUES (lo, hi, part, live, CASE WHEN live THEN NULL ELSE now() END);
 	RETURN part;
@@ -1260,7 +1296,7 @@ DECLARE
 	n_dropped	bigint;
 	chunk		constant int := 2000;		/* flows moved per statement */
 	most		constant int := 1000000;	/* flows moved per pass */
-	default_chunk constant int := 250000;	/* steps moved out of dwarf.step_default per statement */
+	default_chunk constant int := 25000;	/* rows of packed steps moved out of dwarf.step_default per statement */
 	budget		constant interval := '20 s';	/* no flow move starts after it */
 	default_budget constant interval := '30 s';	/* nor a move out of the default partition */
 	ids			bigint[];
@@ -1268,6 +1304,7 @@ DECLARE
 	moved_steps bigint := 0;
 	n_flows		bigint;
 	n_steps		bigint;
+	n_rows		bigint;
 	made		text[] := '{}';
 	dropped		text[] := '{}';
 	deferred	text[] := '{}';
@@ -1422,7 +1459,7 @@ BEGIN
 	/*
 	 * The step log's segments come last, after the flow rows' moves, which
 	 * may take seconds: handing a segment over and making one lock
-	 * dwarf.step and its default partition until the pass commits, which
+	 * dwarf.step_log and its default partition until the pass commits, which
 	 * holds up the workers' writes of steps meanwhile.
 	 */
 	/*
@@ -1431,8 +1468,8 @@ BEGIN
 	 * outlived their segment, or that were created before a segment
 	 * covered them (before the first pass, or in a burst past the
 	 * segments made), so few once the segments run ahead.  This comes
-	 * before the handovers, whose lock on dwarf.step would hold up the
-	 * workers for as long as the move takes, default_chunk steps to a
+	 * before the handovers, whose lock on dwarf.step_log would hold up the
+	 * workers for as long as the move takes, default_chunk rows to a
 	 * statement, and starts none once the pass has run for default_budget,
 	 * so that a pass after a burst does not run for minutes: the next
 	 * passes move the rest.
@@ -1453,10 +1490,10 @@ BEGIN
 								WHERE NOT s.live AND y.flow_id >= s.lo AND y.flow_id < s.hi)
 				 LIMIT default_chunk))
 			RETURNING x.*),
-		 put AS (INSERT INTO dwarf.step_archive SELECT * FROM gone RETURNING flow_id)
-		SELECT count(*) INTO n_flows FROM put;
+		 put AS (INSERT INTO dwarf.step_log_archive SELECT * FROM gone RETURNING cardinality(step_id) AS n)
+		SELECT count(*), coalesce(sum(put.n), 0) INTO n_rows, n_flows FROM put;
 		n_steps := n_steps + n_flows;
-		EXIT WHEN n_flows < default_chunk;
+		EXIT WHEN n_rows < default_chunk;
 	END LOOP;
 	IF NOT dry_run THEN
 		IF n_steps > 0 THEN
@@ -1493,7 +1530,7 @@ BEGIN
 	 * as it is.  One that has spanned twice its interval with a few flows
 	 * still open goes too, the steps of those few moved to
 	 * dwarf.step_default first (the only steps ever moved).  Detaching
-	 * takes an exclusive lock on dwarf.step, which waits for the workers'
+	 * takes an exclusive lock on dwarf.step_log, which waits for the workers'
 	 * transactions in progress (a batch: milliseconds) and holds up their
 	 * next writes of steps until the pass commits; it waits half a second
 	 * at most, else the segment waits for the next pass.
@@ -1511,25 +1548,26 @@ BEGIN
 		END IF;
 		BEGIN
 			PERFORM set_config('lock_timeout', '500ms', true);
-			LOCK TABLE dwarf.step IN ACCESS EXCLUSIVE MODE;
+			LOCK TABLE dwarf.step_log IN ACCESS EXCLUSIVE MODE;
 			PERFORM set_config('lock_timeout', lock_timeout, true);
-			EXECUTE format('ALTER TABLE dwarf.step DETACH PARTITION dwarf.%I', g.relation);
+			EXECUTE format('ALTER TABLE dwarf.step_log DETACH PARTITION dwarf.%I', g.relation);
 			IF n_open > 0 THEN
 				/*
 				 * Detached, the segment no longer covers its ids in
-				 * dwarf.step, so the open flows' steps go to its default
+				 * dwarf.step_log, so the open flows' steps go to its default
 				 * partition; dwarf's own move, not a restore, so without
 				 * the restore trigger's rescan.
 				 */
 				PERFORM set_config('session_replication_role', 'replica', true);
 				EXECUTE format('WITH gone AS (DELETE FROM dwarf.%I s USING dwarf.flow f'
 							   ' WHERE f.id = s.flow_id AND f.status IN (''running'', ''interrupted'')'
-							   ' RETURNING s.*) INSERT INTO dwarf.step SELECT * FROM gone', g.relation);
-				GET DIAGNOSTICS n_steps = ROW_COUNT;
+							   ' RETURNING s.*),'
+							   ' put AS (INSERT INTO dwarf.step_log SELECT * FROM gone RETURNING cardinality(step_id) AS n)'
+							   ' SELECT coalesce(sum(put.n), 0) FROM put', g.relation) INTO n_steps;
 				PERFORM set_config('session_replication_role', 'origin', true);
 				moved_steps := moved_steps + n_steps;
 			END IF;
-			EXECUTE format('ALTER TABLE dwarf.step_archive ATTACH PARTITION dwarf.%I FOR VALUES FROM (%s) TO (%s)',
+			EXECUTE format('ALTER TABLE dwarf.step_log_archive ATTACH PARTITION dwarf.%I FOR VALUES FROM (%s) TO (%s)',
 						   g.relation, g.lo, g.hi);
 			UPDATE dwarf.segment s SET live = false, archived_at = maintain_at.now,
 				   newest_close = (SELECT max(f.finished_at) FROM dwarf.flow_all f
@@ -1552,7 +1590,7 @@ BEGIN
 	 * the ids before it that none did, for their steps in
 	 * dwarf.step_default to be archived into.  This comes after the
 	 * handover: attaching a segment locks dwarf.step_default, and a pass
-	 * that held that lock while it waited for dwarf.step's would take the
+	 * that held that lock while it waited for dwarf.step_log's would take the
 	 * two in the reverse of the order every writer of steps takes them
 	 * (a deadlock that the writer, not the pass, lost).
 	 */
@@ -1584,7 +1622,7 @@ BEGIN
 	 * server whose flow ids start lower (another dwarf.shard_id, an
 	 * earlier timeline) brings segments above the ids, and those hold
 	 * steps and flows: only a segment with neither goes.  Dropping a
-	 * partition locks dwarf.step, as a handover does, and before the
+	 * partition locks dwarf.step_log, as a handover does, and before the
 	 * default partition is locked below: the order every writer of steps
 	 * takes.
 	 */
@@ -1603,7 +1641,7 @@ BEGIN
 	IF cardinality(segs_replaced) > 0 AND NOT dry_run THEN
 		BEGIN
 			PERFORM set_config('lock_timeout', '500ms', true);
-			LOCK TABLE dwarf.step IN ACCESS EXCLUSIVE MODE;
+			LOCK TABLE dwarf.step_log IN ACCESS EXCLUSIVE MODE;
 			PERFORM set_config('lock_timeout', lock_timeout, true);
 			/* no step is written now; a flow may have come (not this far ahead) */
 			FOR g IN SELECT s.* FROM dwarf.segment s WHERE s.relation = ANY (segs_replaced)
@@ -1621,7 +1659,7 @@ BEGIN
 	ahead := NOT dry_run;
 	IF ahead AND (NOT FOUND OR NOT EXISTS (SELECT 1 FROM dwarf.segment s WHERE s.lo = g.hi)) THEN
 		/*
-		 * A segment attached to dwarf.step must find no row of its range
+		 * A segment attached to dwarf.step_log must find no row of its range
 		 * in dwarf.step_default, or the attach fails; a flow created since
 		 * next_id was read may already have written steps there.  With
 		 * the default partition locked (the attach would lock it anyway),
@@ -1797,13 +1835,13 @@ COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 CREATE VIEW dwarf.storage AS
 	SELECT (SELECT pg_total_relation_size('dwarf.flow')) AS live_flow_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
-			  FROM pg_partition_tree('dwarf.step') t WHERE t.isleaf) AS live_step_bytes,
+			  FROM pg_partition_tree('dwarf.step_log') t WHERE t.isleaf) AS live_step_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(a.partition)), 0)
 			  FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS archive_flow_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
-			  FROM pg_partition_tree('dwarf.step_archive') t WHERE t.isleaf) AS archive_step_bytes,
+			  FROM pg_partition_tree('dwarf.step_log_archive') t WHERE t.isleaf) AS archive_step_bytes,
 		   (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
-			  FROM pg_partition_tree('dwarf.step_archive') t JOIN pg_class c ON c.oid = t.relid
+			  FROM pg_partition_tree('dwarf.step_log_archive') t JOIN pg_class c ON c.oid = t.relid
 			 WHERE t.isleaf) AS archive_steps_estimate,
 		   (SELECT count(*) FROM dwarf_internal.archive_days('dwarf.flow_archive')) AS archive_days,
 		   (SELECT min(a.day) FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS oldest_archived_day,

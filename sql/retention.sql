@@ -173,11 +173,12 @@ RESET ROLE;
 -- An index someone adds to a segment is kept: the segment goes to the
 -- archive as the same table, and rows moved into it later are indexed as
 -- a statement would index them (a partial index gets only the rows its
--- predicate takes).  rt.count_seg counts the segment's steps;
--- rt.index_counts says whether a scan of the partial index (the only
--- path once sequential and bitmap scans are off: the plan names it) counts
--- what a sequential scan counts, how many steps it has (those that did not
--- complete), and that the segment has steps it leaves out.
+-- predicate takes).  rt.count_seg counts the segment's rows (each a flow's
+-- packed steps); rt.index_counts says whether a scan of the partial index
+-- (the only path once sequential and bitmap scans are off: the plan names
+-- it) counts what a sequential scan counts, how many rows it has (those
+-- with a step that did not complete), and that the segment has rows it
+-- leaves out.
 CREATE FUNCTION rt.count_seg(cond text) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
 	n bigint;
@@ -195,20 +196,20 @@ DECLARE
 BEGIN
 	SET LOCAL enable_seqscan = off;
 	SET LOCAL enable_bitmapscan = off;
-	FOR line IN EXECUTE format('EXPLAIN (COSTS OFF) SELECT count(*) FROM dwarf.%I WHERE status <> %L',
-							   (SELECT relation FROM rt.seg), 'completed') LOOP
+	FOR line IN EXECUTE format('EXPLAIN (COSTS OFF) SELECT count(*) FROM dwarf.%I WHERE NOT status <@ %L',
+							   (SELECT relation FROM rt.seg), '{completed}') LOOP
 		plan := plan || line || E'\n';
 	END LOOP;
-	by_index := rt.count_seg($c$status <> 'completed'$c$);
+	by_index := rt.count_seg($c$NOT status <@ '{completed}'$c$);
 	SET LOCAL enable_seqscan = on;
 	SET LOCAL enable_indexscan = off;
-	RETURN QUERY SELECT plan LIKE '%rt_not_completed%', by_index = rt.count_seg($c$status <> 'completed'$c$),
+	RETURN QUERY SELECT plan LIKE '%rt_not_completed%', by_index = rt.count_seg($c$NOT status <@ '{completed}'$c$),
 						by_index, rt.count_seg('true') > by_index;
 END $$;
 DO $$
 BEGIN
-	EXECUTE format('CREATE INDEX rt_not_completed ON dwarf.%I (flow_id) WHERE status <> %L',
-				   (SELECT relation FROM rt.seg), 'completed');
+	EXECUTE format('CREATE INDEX rt_not_completed ON dwarf.%I (flow_id) WHERE NOT status <@ %L',
+				   (SELECT relation FROM rt.seg), '{completed}');
 END $$;
 SELECT * FROM rt.index_counts();
 
@@ -227,12 +228,12 @@ SELECT f.name, rt.place(f.id) FROM rt.flows f ORDER BY f.name;
 -- steps of the closed flows where they were: none was copied
 SELECT g.live, c.relfilenode = s.relfilenode AS same_table,
 	   (SELECT i.inhparent::regclass FROM pg_inherits i WHERE i.inhrelid = c.oid) AS parent,
-	   (SELECT count(*) FROM dwarf.step_archive a JOIN rt.flows f ON f.id = a.flow_id
+	   (SELECT count(*) FROM dwarf.step_log_archive a JOIN rt.flows f ON f.id = a.flow_id
 		 WHERE a.tableoid <> c.oid) AS steps_elsewhere
   FROM rt.seg s JOIN dwarf.segment g USING (relation) JOIN pg_class c ON c.oid = ('dwarf.' || s.relation)::regclass;
 -- the open flows' steps are in dwarf.step_default
 SELECT string_agg(DISTINCT s.tableoid::regclass::text, ',') AS open_flows_steps_in
-  FROM dwarf.step s JOIN rt.flows f ON f.id = s.flow_id;
+  FROM dwarf.step_log s JOIN rt.flows f ON f.id = s.flow_id;
 -- the index someone added is still there, and still right
 SELECT * FROM rt.index_counts();
 

@@ -103,7 +103,7 @@ RESET ROLE;
 SELECT count(*) AS secret_calls FROM iso_secret.calls;
 
 -- Clean up: the roles are cluster-wide.
-DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM dwarf.flow
+DELETE FROM dwarf.step_log WHERE flow_id IN (SELECT id FROM dwarf.flow
   WHERE owner IN ('dwarf_iso_a'::regrole, 'dwarf_iso_b'::regrole));
 DELETE FROM dwarf.flow WHERE owner IN ('dwarf_iso_a'::regrole, 'dwarf_iso_b'::regrole);
 DELETE FROM dwarf.graph WHERE owner IN ('dwarf_iso_a'::regrole, 'dwarf_iso_b'::regrole);

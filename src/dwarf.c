@@ -285,7 +285,7 @@ _PG_init(void)
 
 	DefineCustomStringVariable("dwarf.segment_interval",
 							   "How long the flows whose steps share one partition of the step log take to be created.",
-							   "dwarf.maintain makes each segment of dwarf.step as wide as the flows created in this "
+							   "dwarf.maintain makes each segment of dwarf.step_log as wide as the flows created in this "
 							   "interval at the current rate, archives it whole once its flows have closed and drops it "
 							   "after dwarf.retention: the step log has about retention / interval archived partitions.",
 							   &dwarf_segment_interval,

@@ -304,9 +304,20 @@ enum
 	Anum_forkstep_thread,
 	Anum_forkstep_state
 };
+/*
+ * The step is looked up in the rows of the packed step log whose step ids
+ * span it (their block-range index), live or archived, then unpacked.
+ */
 #define FORK_STEP_SQL \
 	"SELECT s.task, f.graph_id, f.priority, f.thread, dwarf.state_at(f.id, s.step_id)" \
-	" FROM dwarf.step_all s JOIN dwarf.flow_all f ON f.id = s.flow_id WHERE s.step_id = $1"
+	" FROM (SELECT l.flow_id, u.step_id, u.task FROM dwarf.step_log l," \
+	"        unnest(l.step_id, l.task) u(step_id, task)" \
+	"       WHERE l.first_step <= $1 AND l.last_step >= $1" \
+	"       UNION ALL" \
+	"       SELECT l.flow_id, u.step_id, u.task FROM dwarf.step_log_archive l," \
+	"        unnest(l.step_id, l.task) u(step_id, task)" \
+	"       WHERE l.first_step <= $1 AND l.last_step >= $1) s" \
+	" JOIN dwarf.flow_all f ON f.id = s.flow_id WHERE s.step_id = $1"
 
 DWARF_FUNCTION(dwarf_fork);
 
@@ -476,10 +487,10 @@ dwarf_continue(PG_FUNCTION_ARGS)
 	"WITH RECURSIVE tree AS (" \
 	"  SELECT $1::bigint AS id" \
 	"  UNION ALL SELECT f.id FROM dwarf.flow_all f JOIN tree t ON f.parent_id = t.id)," \
-	" steps AS (DELETE FROM dwarf.step WHERE flow_id IN (SELECT id FROM tree))," \
+	" steps AS (DELETE FROM dwarf.step_log WHERE flow_id IN (SELECT id FROM tree))," \
 	" archived AS (DELETE FROM dwarf.flow_archive WHERE id IN (SELECT id FROM tree)" \
 	"  RETURNING id, finished_at)," \
-	" archived_steps AS (DELETE FROM dwarf.step_archive WHERE flow_id IN (SELECT id FROM tree))," \
+	" archived_steps AS (DELETE FROM dwarf.step_log_archive WHERE flow_id IN (SELECT id FROM tree))," \
 	" live AS (DELETE FROM dwarf.flow WHERE id IN (SELECT id FROM tree) RETURNING id)" \
 	" SELECT id FROM live UNION ALL SELECT id FROM archived"
 
@@ -532,8 +543,8 @@ DeleteMovedSteps(Datum ids)
 {
 	Oid			types[1] = {INT8ARRAYOID};
 
-	Exec("WITH live AS (DELETE FROM dwarf.step WHERE flow_id = ANY ($1))"
-		 " DELETE FROM dwarf.step_archive WHERE flow_id = ANY ($1)",
+	Exec("WITH live AS (DELETE FROM dwarf.step_log WHERE flow_id = ANY ($1))"
+		 " DELETE FROM dwarf.step_log_archive WHERE flow_id = ANY ($1)",
 		 1, types, &ids, NULL, SPI_OK_DELETE);
 }
 
@@ -624,13 +635,13 @@ dwarf_purge(PG_FUNCTION_ARGS)
 		 "     AND NOT EXISTS (SELECT 1 FROM dwarf.flow p WHERE p.id = f.parent_id"
 		 "                      AND p.status IN ('running', 'interrupted'))"
 		 "  RETURNING f.id),"
-		 " steps AS (DELETE FROM dwarf.step s USING gone WHERE s.flow_id = gone.id),"
+		 " steps AS (DELETE FROM dwarf.step_log s USING gone WHERE s.flow_id = gone.id),"
 		 " archived AS ("
 		 "  DELETE FROM dwarf.flow_archive"
 		 "   WHERE finished_at < now() - $1"
 		 "     AND (owner::oid = $2 OR $3 AND pg_has_role($2, owner, 'USAGE'))"
 		 "  RETURNING id, finished_at),"
-		 " archived_steps AS (DELETE FROM dwarf.step_archive s"
+		 " archived_steps AS (DELETE FROM dwarf.step_log_archive s"
 		 "  WHERE s.flow_id IN (SELECT id FROM gone UNION ALL SELECT id FROM archived))"
 		 " SELECT count(*), array_agg(id) FROM (SELECT id FROM gone UNION ALL SELECT id FROM archived) x",
 		 3, types, args, NULL, SPI_OK_SELECT);

@@ -450,16 +450,20 @@ ClearRunningPriority(void)
 /*
  * Pops up to max runnable tokens of one owner role, skipping entries whose
  * flow moved on: the role whose next step comes first, while no other
- * role's next step has a better priority.
+ * role's next step has a better priority.  With a valid owner, only that
+ * role's (none when another role's come first): a batch that has room
+ * takes more of its own role's steps (worker.c, RefillBatch).
  */
 List *
-PopBatch(int max)
+PopBatch(int max, Oid owner)
 {
 	List	   *batch = NIL;
 	int32		other;
 	OwnerQueue *queue = BestQueue(&other);
 	int32		limit = Min(Min(DatabaseBestPriority(), OthersRunningPriority()), other);
 
+	if (queue && OidIsValid(owner) && queue->owner != owner)
+		return NIL;
 	while (queue && list_length(batch) < max && !pairingheap_is_empty(queue->ready) &&
 		   Head(queue)->priority <= limit)
 	{

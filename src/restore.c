@@ -8,9 +8,9 @@
  * started the database's workers.  A worker knows only the flows it was
  * told of (a create's note) or found when it last scanned its tables, so
  * nobody would carry on the restored flows: a sleeping flow would never
- * wake.  dwarf_internal.restored, a statement-level trigger on dwarf.step,
+ * wake.  dwarf_internal.restored, a statement-level trigger on dwarf.step_log,
  * asks every worker of the database to scan its tables again, as if its note
- * ring had overflowed.  Nothing but a restore writes dwarf.step with a
+ * ring had overflowed.  Nothing but a restore writes dwarf.step_log with a
  * statement: the workers append its rows without the executor's triggers,
  * so the trigger costs the hot path nothing.
  *
@@ -19,7 +19,7 @@
  * and sets the sequences only after every table's rows: a worker that
  * carried on a restored flow at the COPY's commit would take its step ids
  * from dwarf.step_seq before it is set, below ids of the restored steps
- * (those of the archive's day partitions, copied after dwarf.step, too),
+ * (those of the archive's day partitions, copied after dwarf.step_log, too),
  * and the flow's next step would replay before its earlier ones.  At the
  * session's end every table and sequence of the restore is in, whatever
  * the order pg_restore took them in (with --jobs as well).
@@ -38,7 +38,7 @@
 static bool ScanAtExit = false;	/* WakeWorkersToScan is registered */
 
 /*
- * At the end of a session that wrote dwarf.step rows with a statement:
+ * At the end of a session that wrote dwarf.step_log rows with a statement:
  * every worker of this database rescans its tables (the overflow flag of
  * its note ring) and is woken.  A worker that is not running yet scans
  * when it starts.
@@ -71,7 +71,7 @@ DWARF_FUNCTION(dwarf_restored);
 
 /*
  * dwarf_internal.restored(): AFTER INSERT ... FOR EACH STATEMENT on
- * dwarf.step.
+ * dwarf.step_log.
  * Arranges for the workers to scan their tables when this session ends.
  * A scan that finds nothing new costs a worker one query, so a statement
  * that rolled back needs no care.

@@ -15,13 +15,13 @@
  * dwarf's: no user trigger fires for them, as for any extension's own
  * bookkeeping.
  *
- * Step rows are not inserted one by one: they wait in a buffer, one per
- * table they go to (dwarf.step, or the partition of dwarf.step that the
- * executor's tuple routing picks for the row's flow_id), and are written
- * together with table_multi_insert, as COPY writes its rows: one WAL record
- * per heap page instead of one per row.  Nothing may see the difference:
- * see "The step buffer" below for what writes the rows, when, and under
- * which transaction.
+ * Steps are not inserted one by one: they wait in a buffer and are written
+ * packed, a row of dwarf.step_log for each flow's steps in the buffer (an
+ * array per column), those of a partition together with
+ * table_multi_insert, as COPY writes its rows: one WAL record per heap
+ * page instead of one per row, one index entry per flow instead of one per
+ * step.  Nothing may see the difference: see "The step buffer" below for
+ * what writes the rows, when, and under which transaction.
  *
  * Anything out of the ordinary goes back to the statements in flows.c and
  * store.c: a create with an idempotency key or an option this file does not
@@ -38,6 +38,8 @@
 #include "catalog/namespace.h"
 #include "catalog/partition.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_inherits.h"
+#include "catalog/pg_type.h"
 #include "rewrite/rewriteHandler.h"
 #include "executor/execPartition.h"
 #include "executor/executor.h"
@@ -45,6 +47,7 @@
 #include "optimizer/optimizer.h"
 #include "parser/parse_relation.h"
 #include "partitioning/partdesc.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
@@ -92,9 +95,25 @@ typedef struct RowTable
 	ExprState **checks;			/* its CHECK constraints, in the relcache's order */
 } RowTable;
 
-static const char *const StepColumnNames[SC_COUNT] = {
-	"flow_id", "step_id", "token", "task", "status", "attempt", "started_at",
+/* dwarf.step_log's columns this file writes: a row packs a flow's steps. */
+enum
+{
+	PC_FLOW_ID, PC_FIRST_STEP, PC_LAST_STEP,
+	PC_STEP_ID				/* then one array per step column after flow_id, in StepColumn order */
+};
+#define PC_COUNT	(PC_STEP_ID + SC_COUNT - SC_STEP_ID)
+#define PackColumnOf(sc)	(PC_STEP_ID + (sc) - SC_STEP_ID)
+
+static const char *const PackColumnNames[PC_COUNT] = {
+	"flow_id", "first_step", "last_step",
+	"step_id", "token", "task", "status", "attempt", "started_at",
 	"finished_at", "changes", "goto_task", "wake_at", "signal", "error"
+};
+
+/* The type of each step column, in StepColumn order: an array's elements. */
+static const Oid StepColumnTypes[SC_COUNT] = {
+	INT8OID, INT8OID, INT4OID, TEXTOID, TEXTOID, INT4OID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, JSONBOID
 };
 
 /* dwarf.flow's columns this file writes. */
@@ -111,91 +130,108 @@ static const char *const FlowColumnNames[FC_COUNT] = {
 };
 
 static EState *RowsState = NULL;	/* this transaction's, or NULL */
-static RowTable Steps = {"step", StepColumnNames, SC_COUNT};
+static RowTable Steps = {"step_log", PackColumnNames, PC_COUNT};
 static RowTable Flows = {"flow", FlowColumnNames, FC_COUNT};
 
 /*
  * The step buffer.
  *
- * RowsInsertStep checks a step row (ExecConstraints, on the partition it
- * is routed to when dwarf.step is partitioned) and copies it into a slot of
- * the buffer of its table; the buffer is written with table_multi_insert
- * and then ExecInsertIndexTuples for each row, as COPY FROM does.  A
- * buffer is written
+ * RowsInsertStep keeps a step's row (its values, as a tuple of the step
+ * columns) in the buffer; FlushSteps writes the rows waiting there, packed
+ * (see dwarf.step_log): the waiting steps of one flow, in the order they
+ * were recorded, become one row of arrays, routed by the executor's tuple
+ * routing to the partition of dwarf.step_log that holds the flow, checked
+ * there, and written with the other packs of that partition by one
+ * table_multi_insert (one WAL record per heap page), then indexed, as
+ * COPY FROM does.  The buffer is written
  *  - when it holds STEP_BUFFER_ROWS rows or STEP_BUFFER_BYTES of them;
  *  - at RowsEnd, before the batch's commit, and at XACT_EVENT_PRE_COMMIT
  *	  (and PRE_PREPARE) for any other way to commit: no commit loses a row;
- *  - before a statement of this process reads dwarf.step or one of its
- *	  partitions (or a view over them: the rewritten plan's range table
- *	  names the table), from an ExecutorStart hook, so that a task reading
- *	  its own flow's history (dwarf.history, dwarf.fork) sees its earlier
- *	  steps as it did when each row was inserted at once.
+ *  - before a statement of this process reads dwarf.step_log or one of
+ *	  its partitions (or a view over them, dwarf.step: the rewritten
+ *	  plan's range table names the table), from an ExecutorStart hook, so
+ *	  that a task reading its own flow's history (dwarf.history,
+ *	  dwarf.fork) sees its earlier steps as it did when each row was
+ *	  inserted at once.
+ * So a flow's steps are as few rows as the flushes of its batch: one, in
+ * a batch whose tasks do not read the step log.
  *
- * Visibility.  A row is written with the command id it had when it was
- * buffered (the smallest of the buffer's rows: table_multi_insert takes
- * one), not the command id current when the buffer is written.  So a
- * snapshot whose command id is past a row's, which saw the row inserted at
- * once, sees it written late too, with no command counter increment and no
- * change to the reading statement's snapshot (setting its curcid would
- * also change what it sees of the other tables it reads, and of a snapshot
- * it may share with the statement that called it).  What a snapshot may
- * see in addition is a row buffered after it was taken but before the
- * reading statement started: this transaction's own row, which the
- * statement would have seen had it run with a newer command id, as SPI
- * runs each statement that may write.
+ * A CHECK constraint that an administrator put on dwarf.step_log is
+ * checked for each step when it is recorded, on a pack of that step
+ * alone, so that a step that breaks it fails on its own (and its flow
+ * with it, see RecordStep); the pack is checked again where it is written.
+ *
+ * Visibility.  A pack is written with the command id its first step had
+ * when it was buffered (the smallest of the buffer's rows:
+ * table_multi_insert takes one), not the command id current when the
+ * buffer is written.  So a snapshot whose command id is past a row's,
+ * which saw the row inserted at once, sees it written late too, with no
+ * command counter increment and no change to the reading statement's
+ * snapshot (setting its curcid would also change what it sees of the
+ * other tables it reads, and of a snapshot it may share with the statement
+ * that called it).  What a snapshot may see in addition is a row buffered
+ * after it was taken but before the reading statement started: this
+ * transaction's own row, which the statement would have seen had it run
+ * with a newer command id, as SPI runs each statement that may write.
  *
  * Subtransactions.  A row is tagged with the subtransaction that buffered
  * it (its owner) and, once in the heap, with the one it was written under.
- * A buffer is written under the current subtransaction, whose xid the
- * rows get; the start of a subtransaction cannot write the rows under its
- * parent's xid instead (when SUBXACT_EVENT_START_SUB is called the child
- * is already the current transaction), so nothing is written then: the
- * parent's rows stay buffered until the parent writes them.  When a child
- * has to write rows of an ancestor (a statement in it reads dwarf.step, or
- * the buffer is full) they go into the heap under the child's xid and stay
- * held as copies: when the child commits they are its parent's (and done
- * when that is their owner); when it rolls back they are gone from the
- * heap with it and wait again, to be written by their owner.  A row that a
- * subtransaction buffered is dropped when it rolls back.
+ * The buffer is written under the current subtransaction, whose xid the
+ * packs get, so every step of a pack shares the fate of the subtransaction
+ * it was written under; the start of a subtransaction cannot write the
+ * rows under its parent's xid instead (when SUBXACT_EVENT_START_SUB is
+ * called the child is already the current transaction), so nothing is
+ * written then: the parent's rows stay buffered until the parent writes
+ * them.  When a child has to write rows of an ancestor (a statement in it
+ * reads the step log, or the buffer is full) they go into the heap under
+ * the child's xid and stay held: when the child commits they are its
+ * parent's (and done when that is their owner); when it rolls back they
+ * are gone from the heap with it and wait again, to be written (packed
+ * anew) by their owner.  A row that a subtransaction buffered is dropped
+ * when it rolls back.
  */
-#define STEP_BUFFER_ROWS	1000
-#define STEP_BUFFER_BYTES	(64 * 1024)
+#define STEP_BUFFER_ROWS	4000
+#define STEP_BUFFER_BYTES	(512 * 1024)
 
-/* A step row held in a buffer. */
+/* A step row held in the buffer. */
 typedef struct HeldRow
 {
-	TupleTableSlot *slot;		/* the row, materialized */
+	HeapTuple	tuple;			/* the step's values, of StepDesc */
+	int64		flow_id;
 	CommandId	cid;			/* the command that buffered it */
 	SubTransactionId owner;		/* the subtransaction that did; Invalid: dropped */
 	SubTransactionId written;	/* the one it is in the heap under; Invalid: not yet */
-	Size		len;			/* its heap tuple's length */
 } HeldRow;
 
-/* The rows waiting for one table: dwarf.step, or a partition of it. */
-typedef struct StepBuffer
+/* The packs going to one partition of dwarf.step_log (or to it), in a flush. */
+typedef struct PackBatch
 {
 	ResultRelInfo *rri;			/* the table's, with its indexes */
-	Oid			relid;
 	TupleDesc	desc;			/* a copy of its descriptor, for the slots */
-	List	   *ancestors;		/* partitioned tables between it and dwarf.step */
-	HeldRow    *rows;			/* [0, nrows): held; [nrows, nslots): spare slots */
-	TupleTableSlot **batch;		/* room for a table_multi_insert's slots */
-	int			nrows;
+	TupleTableSlot **slots;		/* [0, n): this flush's packs; then spare */
+	int			n;
 	int			nslots;
-	int			size;			/* length of rows and batch */
-	int			nwaiting;		/* held rows not in the heap yet */
-	Size		waiting_bytes;	/* and their size */
-} StepBuffer;
+	int			size;			/* length of slots */
+} PackBatch;
 
-static StepBuffer *Buffers = NULL; /* this transaction's, in RowsState */
-static int	NBuffers = 0;
-static int	BuffersSize = 0;
-static int	LastBuffer = -1;	/* the one the last row went to */
-static int	NWaiting = 0;		/* rows not in the heap yet, in all buffers */
-static int	NHeld = 0;			/* rows held, in all buffers */
-static bool Flushing = false;	/* writing buffers: a read then must not */
+static TupleDesc StepDesc = NULL;	/* the step columns, for a held row */
+static int16 StepTypLen[SC_COUNT];
+static bool StepTypByVal[SC_COUNT];
+static char StepTypAlign[SC_COUNT];
 
-/* dwarf.step partitioned: the executor's tuple routing, set up as COPY does */
+/* this transaction's, in RowsState */
+static HeldRow *Held = NULL;	/* [0, NHeld): held, in the order recorded */
+static int	NHeld = 0;
+static int	HeldSize = 0;
+static int	NWaiting = 0;		/* held rows not in the heap yet */
+static Size WaitingBytes = 0;	/* and their size */
+static PackBatch *Batches = NULL;
+static int	NBatches = 0;
+static int	BatchesSize = 0;
+static List *StepTables = NIL;	/* dwarf.step_log and every partition under it */
+static bool Flushing = false;	/* writing the buffer: a read then must not */
+
+/* dwarf.step_log partitioned: the executor's tuple routing, set up as COPY does */
 static ModifyTableState *StepsRoutingState = NULL;
 static PartitionTupleRouting *StepsRouting = NULL;
 
@@ -360,8 +396,8 @@ CloseTable(RowTable *t, bool committing)
 }
 
 /*
- * Closes the step buffers (written: empty) and the partitions the routing
- * opened.
+ * Closes the pack batches' slots and the partitions the routing opened.
+ * The buffer is written (empty).
  */
 static void
 CloseSteps(void)
@@ -370,21 +406,24 @@ CloseSteps(void)
 				i;
 
 	Assert(NHeld == 0);
-	for (b = 0; b < NBuffers; b++)
-		for (i = 0; i < Buffers[b].nslots; i++)
-			ExecDropSingleTupleTableSlot(Buffers[b].rows[i].slot);
+	for (b = 0; b < NBatches; b++)
+		for (i = 0; i < Batches[b].nslots; i++)
+			ExecDropSingleTupleTableSlot(Batches[b].slots[i]);
 	if (StepsRouting)
 		ExecCleanupTupleRouting(StepsRoutingState, StepsRouting);
 }
 
-/* Forgets the step buffers: their memory and resources went with RowsState. */
+/* Forgets the step buffer: its memory and resources went with RowsState. */
 static void
 ForgetSteps(void)
 {
-	Buffers = NULL;
-	NBuffers = BuffersSize = 0;
-	LastBuffer = -1;
-	NWaiting = NHeld = 0;
+	Held = NULL;
+	NHeld = HeldSize = 0;
+	NWaiting = 0;
+	WaitingBytes = 0;
+	Batches = NULL;
+	NBatches = BatchesSize = 0;
+	StepTables = NIL;
 	Flushing = false;
 	StepsRoutingState = NULL;
 	StepsRouting = NULL;
@@ -440,7 +479,7 @@ InsertSlot(RowTable *t)
 }
 
 /*
- * Sets up the routing of step rows to dwarf.step's partitions, once per
+ * Sets up the routing of packs to dwarf.step_log's partitions, once per
  * transaction, as COPY FROM does for a partitioned table: the executor's
  * own tuple routing (ExecFindPartition) finds a row's partition by its
  * flow_id in the parent's partition descriptor (a binary search of the
@@ -470,283 +509,377 @@ SetUpRouting(void)
 	MemoryContextSwitchTo(old);
 }
 
-/*
- * The partitioned tables between a partition of dwarf.step and dwarf.step
- * (none when it is one of dwarf.step's own partitions): a statement that
- * reads one of them reads the partition's rows too.
- */
-static List *
-PartitionedAncestors(Oid relid)
+/* The step columns' descriptor and element types, once per process. */
+static void
+MakeStepDesc(void)
 {
-	PartitionDesc desc = RelationGetPartitionDesc(Steps.rel, false);
-	List	   *ancestors;
-	int			i;
+	MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+	TupleDesc	desc = CreateTemplateTupleDesc(SC_COUNT);
+	int			c;
 
-	for (i = 0; i < desc->nparts; i++)
-		if (desc->oids[i] == relid)
-			return NIL;
-	ancestors = get_partition_ancestors(relid);
-	return list_delete_oid(ancestors, RelationGetRelid(Steps.rel));
+	for (c = 0; c < SC_COUNT; c++)
+	{
+		TupleDescInitEntry(desc, c + 1, NULL, StepColumnTypes[c], -1, 0);
+		get_typlenbyvalalign(StepColumnTypes[c], &StepTypLen[c], &StepTypByVal[c],
+							 &StepTypAlign[c]);
+	}
+	StepDesc = desc;
+	MemoryContextSwitchTo(old);
 }
 
-/* The buffer of the table rri is for, made if there is none yet. */
-static StepBuffer *
-BufferOf(ResultRelInfo *rri)
+/*
+ * The batch of the table rri is for, made if there is none yet.  Its slots
+ * are made over a copy of the table's descriptor: a copy is counted by no
+ * resource owner, so a slot is only memory of RowsState, which lives as
+ * long as the transaction.
+ */
+static PackBatch *
+BatchOf(ResultRelInfo *rri)
 {
 	MemoryContext old;
-	StepBuffer *buf;
+	PackBatch  *batch;
 	int			b;
 
-	if (LastBuffer >= 0 && Buffers[LastBuffer].rri == rri)
-		return &Buffers[LastBuffer];
-	for (b = 0; b < NBuffers; b++)
-		if (Buffers[b].rri == rri)
-			return &Buffers[LastBuffer = b];
-
+	for (b = 0; b < NBatches; b++)
+		if (Batches[b].rri == rri)
+			return &Batches[b];
 	old = MemoryContextSwitchTo(RowsState->es_query_cxt);
-	if (NBuffers == BuffersSize)
+	if (NBatches == BatchesSize)
 	{
-		BuffersSize = Max(4, BuffersSize * 2);
-		Buffers = Buffers ? repalloc(Buffers, sizeof(StepBuffer) * BuffersSize) :
-			palloc(sizeof(StepBuffer) * BuffersSize);
+		BatchesSize = Max(4, BatchesSize * 2);
+		Batches = Batches ? repalloc(Batches, sizeof(PackBatch) * BatchesSize) :
+			palloc(sizeof(PackBatch) * BatchesSize);
 	}
-	buf = &Buffers[LastBuffer = NBuffers++];
-	memset(buf, 0, sizeof(StepBuffer));
-	buf->rri = rri;
-	buf->relid = RelationGetRelid(rri->ri_RelationDesc);
-	buf->desc = CreateTupleDescCopy(RelationGetDescr(rri->ri_RelationDesc));
-	if (rri != Steps.rri)
-		buf->ancestors = PartitionedAncestors(buf->relid);
+	batch = &Batches[NBatches++];
+	memset(batch, 0, sizeof(PackBatch));
+	batch->rri = rri;
+	batch->desc = CreateTupleDescCopy(RelationGetDescr(rri->ri_RelationDesc));
 	MemoryContextSwitchTo(old);
-	return buf;
+	return batch;
+}
+
+/* A slot of batch for the next pack: a spare one, or a new one. */
+static TupleTableSlot *
+BatchSlot(PackBatch *batch)
+{
+	MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+
+	if (batch->n == batch->size)
+	{
+		batch->size = Max(16, batch->size * 2);
+		batch->slots = batch->slots ?
+			repalloc(batch->slots, sizeof(TupleTableSlot *) * batch->size) :
+			palloc(sizeof(TupleTableSlot *) * batch->size);
+	}
+	if (batch->n == batch->nslots)
+		batch->slots[batch->nslots++] =
+			MakeSingleTupleTableSlot(batch->desc,
+									 table_slot_callbacks(batch->rri->ri_RelationDesc));
+	MemoryContextSwitchTo(old);
+	return batch->slots[batch->n++];
 }
 
 /*
- * A new held row in buf, with a slot for it: a spare one, or one made over
- * the buffer's copy of the table's descriptor.  A copy is counted by no
- * resource owner, so a slot is only memory of RowsState, which lives as
- * long as the transaction: the relation's own descriptor would be pinned
- * in the top transaction's resource owner for each slot, one per row a
- * batch holds, and looked up there again when it is dropped.
- */
-static HeldRow *
-AddRow(StepBuffer *buf)
-{
-	if (buf->nrows == buf->size)
-	{
-		MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
-
-		buf->size = Max(64, buf->size * 2);
-		buf->rows = buf->rows ? repalloc(buf->rows, sizeof(HeldRow) * buf->size) :
-			palloc(sizeof(HeldRow) * buf->size);
-		buf->batch = buf->batch ? repalloc(buf->batch, sizeof(TupleTableSlot *) * buf->size) :
-			palloc(sizeof(TupleTableSlot *) * buf->size);
-		MemoryContextSwitchTo(old);
-	}
-	if (buf->nrows == buf->nslots)
-	{
-		MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
-
-		buf->rows[buf->nslots++].slot =
-			MakeSingleTupleTableSlot(buf->desc, table_slot_callbacks(buf->rri->ri_RelationDesc));
-		MemoryContextSwitchTo(old);
-	}
-	return &buf->rows[buf->nrows++];
-}
-
-/* Counts the rows held and waiting in all buffers again. */
-static void
-Recount(void)
-{
-	int			b;
-
-	NWaiting = NHeld = 0;
-	for (b = 0; b < NBuffers; b++)
-	{
-		NWaiting += Buffers[b].nwaiting;
-		NHeld += Buffers[b].nrows;
-	}
-}
-
-/*
- * Lets go of the rows of buf that are done (in the heap under the
+ * Lets go of the held rows that are done (in the heap under the
  * subtransaction that owns them) or dropped (their owner rolled back),
- * keeping the others in order and the slots for reuse; counts the rows
- * still waiting.
+ * keeping the others in order; counts the rows still waiting.
  */
 static void
-SettleRows(StepBuffer *buf)
+SettleRows(void)
 {
 	int			kept = 0;
-	int			nfree = 0;
 	int			i;
 
-	buf->nwaiting = 0;
-	buf->waiting_bytes = 0;
-	for (i = 0; i < buf->nrows; i++)
+	NWaiting = 0;
+	WaitingBytes = 0;
+	for (i = 0; i < NHeld; i++)
 	{
-		HeldRow		row = buf->rows[i];
+		HeldRow		row = Held[i];
 
 		if (row.owner == InvalidSubTransactionId || row.written == row.owner)
 		{
-			ExecClearTuple(row.slot);
-			buf->batch[nfree++] = row.slot;
+			heap_freetuple(row.tuple);
 			continue;
 		}
 		if (row.written == InvalidSubTransactionId)
 		{
-			buf->nwaiting++;
-			buf->waiting_bytes += row.len;
+			NWaiting++;
+			WaitingBytes += row.tuple->t_len;
 		}
-		buf->rows[kept++] = row;
+		Held[kept++] = row;
 	}
-	for (i = 0; i < nfree; i++)
-		buf->rows[kept + i].slot = buf->batch[i];
-	buf->nrows = kept;
+	NHeld = kept;
+}
+
+/* Error context of a pack's routing and checks: the flow it is of. */
+static void
+StepRowContext(void *arg)
+{
+	errcontext("steps of flow " INT64_FORMAT " for dwarf.step_log", *(int64 *) arg);
 }
 
 /*
- * Writes the rows of buf that are not in the heap yet, under the current
- * subtransaction: table_multi_insert, then their index entries, as COPY
- * does after a multi-insert.  No BulkInsertState: its ring of buffers
- * would have the pages just written evicted first, while they are the
- * hottest of the table (the next batch appends to the last one, reads of a
- * running flow's history find them), and it would keep the last page
- * pinned between writes.
+ * Makes the pack of rows (n steps of one flow, in order) in Steps.slot:
+ * each step column an array with an element per step, NULL when every
+ * element is; first_step and last_step the least and greatest step id.
+ * What it allocates is in the per-tuple context.
  */
 static void
-FlushBuffer(StepBuffer *buf)
+FormPack(HeldRow **rows, int n)
 {
-	Relation	rel = buf->rri->ri_RelationDesc;
-	SubTransactionId current = GetCurrentSubTransactionId();
-	CommandId	cid = InvalidCommandId;
-	MemoryContext old;
-	int			n = 0;
-	int			i;
+	RowTable   *t = &Steps;
+	MemoryContext old = MemoryContextSwitchTo(GetPerTupleMemoryContext(RowsState));
+	Datum	   *elems[SC_COUNT];
+	bool	   *elem_nulls[SC_COUNT];
+	bool		any[SC_COUNT] = {0};
+	Datum		values[SC_COUNT];
+	bool		nulls[SC_COUNT];
+	Datum	   *slot_values;
+	bool	   *slot_nulls;
+	int64		least = PG_INT64_MAX;
+	int64		greatest = PG_INT64_MIN;
+	int			lbound = 1;
+	int			i,
+				c;
 
-	if (buf->nwaiting == 0)
-		return;
-	for (i = 0; i < buf->nrows; i++)
+	for (c = SC_STEP_ID; c < SC_COUNT; c++)
 	{
-		HeldRow    *row = &buf->rows[i];
-
-		if (row->written != InvalidSubTransactionId)
-			continue;
-		buf->batch[n++] = row->slot;
-		if (cid == InvalidCommandId || row->cid < cid)
-			cid = row->cid;
+		elems[c] = palloc(sizeof(Datum) * n);
+		elem_nulls[c] = palloc(sizeof(bool) * n);
 	}
-	old = MemoryContextSwitchTo(GetPerTupleMemoryContext(RowsState));
-	table_multi_insert(rel, buf->batch, n, cid, 0, NULL);
-	MemoryContextSwitchTo(old);
-	ResetPerTupleExprContext(RowsState);
-	if (buf->rri->ri_NumIndices > 0)
-		for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++)
+	{
+		int64		step_id;
+
+		heap_deform_tuple(rows[i]->tuple, StepDesc, values, nulls);
+		for (c = SC_STEP_ID; c < SC_COUNT; c++)
 		{
-			list_free(ExecInsertIndexTuples(buf->rri, buf->batch[i], RowsState,
-											false, false, NULL, NIL));
-			ResetPerTupleExprContext(RowsState);
+			elems[c][i] = values[c];
+			elem_nulls[c][i] = nulls[c];
+			any[c] |= !nulls[c];
 		}
-	for (i = 0; i < buf->nrows; i++)
-		if (buf->rows[i].written == InvalidSubTransactionId)
-			buf->rows[i].written = current;
-	SettleRows(buf);
+		step_id = DatumGetInt64(values[SC_STEP_ID]);
+		least = Min(least, step_id);
+		greatest = Max(greatest, step_id);
+	}
+
+	NewRow(t);
+	slot_values = t->slot->tts_values;
+	slot_nulls = t->slot->tts_isnull;
+	slot_values[t->column[PC_FLOW_ID]] = Int64GetDatum(rows[0]->flow_id);
+	slot_nulls[t->column[PC_FLOW_ID]] = false;
+	slot_values[t->column[PC_FIRST_STEP]] = Int64GetDatum(least);
+	slot_nulls[t->column[PC_FIRST_STEP]] = false;
+	slot_values[t->column[PC_LAST_STEP]] = Int64GetDatum(greatest);
+	slot_nulls[t->column[PC_LAST_STEP]] = false;
+	for (c = SC_STEP_ID; c < SC_COUNT; c++)
+	{
+		int			att = t->column[PackColumnOf(c)];
+
+		slot_nulls[att] = !any[c];
+		if (any[c])
+			slot_values[att] = PointerGetDatum(construct_md_array(elems[c], elem_nulls[c], 1, &n, &lbound,
+																  StepColumnTypes[c], StepTypLen[c],
+																  StepTypByVal[c], StepTypAlign[c]));
+	}
+	ExecStoreVirtualTuple(t->slot);
+	MemoryContextSwitchTo(old);
+}
+
+/* Orders held rows (by index into Held) by flow, then as recorded. */
+static int
+CompareHeld(const void *a, const void *b)
+{
+	int			i = *(const int *) a;
+	int			j = *(const int *) b;
+
+	if (Held[i].flow_id != Held[j].flow_id)
+		return Held[i].flow_id < Held[j].flow_id ? -1 : 1;
+	return i < j ? -1 : i > j ? 1 : 0;
 }
 
 /*
- * Writes every step row not in the heap yet.  An error on the way (a
- * unique violation, say) leaves the rows waiting; a subtransaction that
- * catches it rolls back what was written, and they are written again later.
+ * Writes the held rows that are not in the heap yet, packed, under the
+ * current subtransaction.  An error on the way (a constraint, a unique
+ * violation) leaves them waiting; a subtransaction that catches it rolls
+ * back what was written, and they are written again later.  No
+ * BulkInsertState: its ring of buffers would have the pages just written
+ * evicted first, while they are the hottest of the table (the next batch
+ * appends to the last one, reads of a running flow's history find them),
+ * and it would keep the last page pinned between writes.
  */
+static void
+WritePacks(void)
+{
+	SubTransactionId current = GetCurrentSubTransactionId();
+	CommandId	cid = InvalidCommandId;
+	ErrorContextCallback context;
+	HeldRow   **group;
+	int		   *order;
+	int			n = 0;
+	int			i,
+				b;
+
+	order = palloc(sizeof(int) * NWaiting);
+	group = palloc(sizeof(HeldRow *) * NWaiting);
+	for (i = 0; i < NHeld; i++)
+		if (Held[i].written == InvalidSubTransactionId)
+		{
+			order[n++] = i;
+			if (cid == InvalidCommandId || Held[i].cid < cid)
+				cid = Held[i].cid;
+		}
+	Assert(n == NWaiting);
+	qsort(order, n, sizeof(int), CompareHeld);
+	for (b = 0; b < NBatches; b++)
+	{
+		for (i = 0; i < Batches[b].n; i++)
+			ExecClearTuple(Batches[b].slots[i]);
+		Batches[b].n = 0;
+	}
+
+	context.callback = StepRowContext;
+	context.previous = error_context_stack;
+	error_context_stack = &context;
+	for (i = 0; i < n;)
+	{
+		ResultRelInfo *rri = Steps.rri;
+		TupleTableSlot *slot = Steps.slot;
+		int64		flow_id = Held[order[i]].flow_id;
+		int			k = 0;
+
+		while (i < n && Held[order[i]].flow_id == flow_id)
+			group[k++] = &Held[order[i++]];
+		context.arg = &flow_id;
+		FormPack(group, k);
+		if (Steps.rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
+		{
+			ResourceOwner owner = CurrentResourceOwner;
+
+			if (StepsRouting == NULL)
+				SetUpRouting();
+			/* a partition it opens is the top transaction's, as in OpenTable */
+			CurrentResourceOwner = TopTransactionResourceOwner;
+			rri = ExecFindPartition(StepsRoutingState, Steps.rri, StepsRouting, slot, RowsState);
+			CurrentResourceOwner = owner;
+			if (rri->ri_RootToPartitionMap)
+				slot = execute_attr_map_slot(rri->ri_RootToPartitionMap->attrMap, slot,
+											 rri->ri_PartitionTupleSlot);
+		}
+		if (rri->ri_RelationDesc->rd_att->constr)
+			ExecConstraints(rri, slot, RowsState);
+		ExecCopySlot(BatchSlot(BatchOf(rri)), slot);
+		ExecClearTuple(Steps.slot);
+		ResetPerTupleExprContext(RowsState);
+	}
+	error_context_stack = context.previous;
+
+	for (b = 0; b < NBatches; b++)
+	{
+		PackBatch  *batch = &Batches[b];
+		MemoryContext old;
+
+		if (batch->n == 0)
+			continue;
+		old = MemoryContextSwitchTo(GetPerTupleMemoryContext(RowsState));
+		table_multi_insert(batch->rri->ri_RelationDesc, batch->slots, batch->n, cid, 0, NULL);
+		MemoryContextSwitchTo(old);
+		ResetPerTupleExprContext(RowsState);
+		if (batch->rri->ri_NumIndices > 0)
+			for (i = 0; i < batch->n; i++)
+			{
+				list_free(ExecInsertIndexTuples(batch->rri, batch->slots[i], RowsState,
+												false, false, NULL, NIL));
+				ResetPerTupleExprContext(RowsState);
+			}
+		for (i = 0; i < batch->n; i++)
+			ExecClearTuple(batch->slots[i]);
+		batch->n = 0;
+	}
+	for (i = 0; i < n; i++)
+		Held[order[i]].written = current;
+	pfree(order);
+	pfree(group);
+	SettleRows();
+}
+
+/* Writes every step row not in the heap yet (see WritePacks). */
 static void
 FlushSteps(void)
 {
-	int			b;
-
 	if (NWaiting == 0 || Flushing)
 		return;
 	Flushing = true;
 	PG_TRY();
 	{
-		for (b = 0; b < NBuffers; b++)
-			FlushBuffer(&Buffers[b]);
+		WritePacks();
 	}
 	PG_FINALLY();
 	{
 		Flushing = false;
 	}
 	PG_END_TRY();
-	Recount();
 }
 
-/* Error context of a step row's routing and checks: the flow it is of. */
+/*
+ * Checks a step alone against the CHECK constraints an administrator put
+ * on dwarf.step_log (see "The step buffer"), as a pack of that one step.
+ */
 static void
-StepRowContext(void *arg)
+CheckAlone(Datum *values, bool *nulls)
 {
-	errcontext("step row of flow " INT64_FORMAT " for dwarf.step", *(int64 *) arg);
+	MemoryContext old = MemoryContextSwitchTo(GetPerTupleMemoryContext(RowsState));
+	HeldRow		row;
+	HeldRow    *rows[1] = {&row};
+	ErrorContextCallback context;
+
+	row.tuple = heap_form_tuple(StepDesc, values, nulls);
+	row.flow_id = DatumGetInt64(values[SC_FLOW_ID]);
+	MemoryContextSwitchTo(old);
+	context.callback = StepRowContext;
+	context.arg = &row.flow_id;
+	context.previous = error_context_stack;
+	error_context_stack = &context;
+	FormPack(rows, 1);
+	ExecConstraints(Steps.rri, Steps.slot, RowsState);
+	error_context_stack = context.previous;
+	ExecClearTuple(Steps.slot);
+	ResetPerTupleExprContext(RowsState);
 }
 
 /*
  * Appends a step's row: values and nulls indexed by StepColumn.  The row is
- * checked now and buffered (copied: the caller may free what values point
- * to); see "The step buffer" for when it is written.
+ * copied into the buffer (the caller may free what values point to); see
+ * "The step buffer" for when and how it is written.
  */
 void
 RowsInsertStep(Datum *values, bool *nulls)
 {
 	RowTable   *t = OpenTable(&Steps);
-	ResultRelInfo *rri = t->rri;
-	TupleTableSlot *slot = t->slot;
-	ErrorContextCallback context;
-	int64		flow_id = DatumGetInt64(values[SC_FLOW_ID]);
-	StepBuffer *buf;
+	MemoryContext old;
 	HeldRow    *row;
-	int			i;
 
-	NewRow(t);
-	for (i = 0; i < SC_COUNT; i++)
+	if (StepDesc == NULL)
+		MakeStepDesc();
+	if (t->checks != NULL)
+		CheckAlone(values, nulls);
+	old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+	if (NHeld == HeldSize)
 	{
-		t->slot->tts_values[t->column[i]] = values[i];
-		t->slot->tts_isnull[t->column[i]] = nulls[i];
+		HeldSize = Max(64, HeldSize * 2);
+		Held = Held ? repalloc(Held, sizeof(HeldRow) * HeldSize) :
+			palloc(sizeof(HeldRow) * HeldSize);
 	}
-	ExecStoreVirtualTuple(t->slot);
-
-	context.callback = StepRowContext;
-	context.arg = &flow_id;
-	context.previous = error_context_stack;
-	error_context_stack = &context;
-	if (t->rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
-	{
-		ResourceOwner owner = CurrentResourceOwner;
-
-		if (StepsRouting == NULL)
-			SetUpRouting();
-		/* a partition it opens is the top transaction's, as in OpenTable */
-		CurrentResourceOwner = TopTransactionResourceOwner;
-		rri = ExecFindPartition(StepsRoutingState, t->rri, StepsRouting, slot, RowsState);
-		CurrentResourceOwner = owner;
-		if (rri->ri_RootToPartitionMap)
-			slot = execute_attr_map_slot(rri->ri_RootToPartitionMap->attrMap, slot,
-										 rri->ri_PartitionTupleSlot);
-	}
-	if (rri->ri_RelationDesc->rd_att->constr)
-		ExecConstraints(rri, slot, RowsState);
-	error_context_stack = context.previous;
-
-	buf = BufferOf(rri);
-	row = AddRow(buf);
-	ExecCopySlot(row->slot, slot);
-	row->len = ExecFetchSlotHeapTuple(row->slot, false, NULL)->t_len;
+	row = &Held[NHeld++];
+	row->tuple = heap_form_tuple(StepDesc, values, nulls);
+	MemoryContextSwitchTo(old);
+	row->flow_id = DatumGetInt64(values[SC_FLOW_ID]);
 	row->cid = GetCurrentCommandId(true);
 	row->owner = GetCurrentSubTransactionId();
 	row->written = InvalidSubTransactionId;
-	buf->nwaiting++;
-	buf->waiting_bytes += row->len;
 	NWaiting++;
-	NHeld++;
-	ExecClearTuple(t->slot);
-	ResetPerTupleExprContext(RowsState);
-	if (buf->nwaiting >= STEP_BUFFER_ROWS || buf->waiting_bytes >= STEP_BUFFER_BYTES)
+	WaitingBytes += row->tuple->t_len;
+	if (NWaiting >= STEP_BUFFER_ROWS || WaitingBytes >= STEP_BUFFER_BYTES)
 		FlushSteps();
 }
 
@@ -794,38 +927,34 @@ RowsSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 					SubTransactionId parentSubid, void *arg)
 {
 	bool		commit = event == SUBXACT_EVENT_COMMIT_SUB;
-	int			b,
-				i;
+	int			i;
 
 	if (NHeld == 0 || (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB))
 		return;
-	for (b = 0; b < NBuffers; b++)
+	for (i = 0; i < NHeld; i++)
 	{
-		StepBuffer *buf = &Buffers[b];
+		HeldRow    *row = &Held[i];
+		bool		in_heap_under_it = row->written != InvalidSubTransactionId &&
+			row->written >= mySubid;
 
-		for (i = 0; i < buf->nrows; i++)
-		{
-			HeldRow    *row = &buf->rows[i];
-			bool		in_heap_under_it = row->written != InvalidSubTransactionId &&
-				row->written >= mySubid;
-
-			if (row->owner >= mySubid)
-				row->owner = commit ? parentSubid : InvalidSubTransactionId;
-			if (in_heap_under_it)
-				row->written = commit ? parentSubid : InvalidSubTransactionId;
-		}
-		SettleRows(buf);
+		if (row->owner >= mySubid)
+			row->owner = commit ? parentSubid : InvalidSubTransactionId;
+		if (in_heap_under_it)
+			row->written = commit ? parentSubid : InvalidSubTransactionId;
 	}
-	Recount();
+	SettleRows();
 }
 
-/* Whether a plan's range table names dwarf.step, or a table holding rows of a buffer. */
+/*
+ * Whether a plan's range table names dwarf.step_log or a partition under
+ * it.  Only a partition (a syscache test) has the partitions listed, once
+ * per transaction.
+ */
 static bool
 ReadsSteps(List *rtable)
 {
 	Oid			steps = RelationGetRelid(Steps.rel);
 	ListCell   *lc;
-	int			b;
 
 	foreach(lc, rtable)
 	{
@@ -835,11 +964,17 @@ ReadsSteps(List *rtable)
 			continue;
 		if (rte->relid == steps)
 			return true;
-		for (b = 0; b < NBuffers; b++)
-			if (Buffers[b].nwaiting > 0 &&
-				(rte->relid == Buffers[b].relid ||
-				 list_member_oid(Buffers[b].ancestors, rte->relid)))
-				return true;
+		if (!get_rel_relispartition(rte->relid))
+			continue;
+		if (StepTables == NIL)
+		{
+			MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
+
+			StepTables = find_all_inheritors(steps, NoLock, NULL);
+			MemoryContextSwitchTo(old);
+		}
+		if (list_member_oid(StepTables, rte->relid))
+			return true;
 	}
 	return false;
 }

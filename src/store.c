@@ -200,7 +200,7 @@ PreparePlans(void)
 		3, park_types);
 	DeleteFlowPlan = PrepareKept(
 		"WITH f AS (DELETE FROM dwarf.flow WHERE id = $1 AND status = 'running'),"
-		" s AS (DELETE FROM dwarf.step WHERE flow_id = $1) SELECT 1",
+		" s AS (DELETE FROM dwarf.step_log WHERE flow_id = $1) SELECT 1",
 		1, int8_type);
 	ChildClosedPlan = PrepareKept(
 		"SELECT NOT EXISTS (SELECT 1 FROM dwarf.flow WHERE id = $1"

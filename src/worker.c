@@ -216,8 +216,67 @@ typedef struct Batch
 	const char *task;			/* of the step run last */
 	bool		discard;			/* roll back, quietly (a runner's cancelled flow) */
 	bool		tasks_ran;		/* a task function was called, or a flow created */
+	bool		full;			/* takes no more steps from the queue (RefillBatch) */
 	Oid			owner;			/* the role whose steps it runs (session.c) */
 } Batch;
+
+/*
+ * A shared batch takes its steps from the queue a part at a time
+ * (dwarf.batch_size / DWARF_BATCH_PARTS), and the next part once it has run
+ * those and their chained successors, while it has room (count and time).
+ * So a backlog of many flows runs each flow's chain in one transaction
+ * (depth first, see ChainSuccessors) rather than every flow a step a
+ * commit, and a flow's steps are one row of the step log (rows.c), not one
+ * per commit; one-step flows still fill the batch.
+ */
+#define DWARF_BATCH_PARTS	8
+
+static int
+BatchPart(void)
+{
+	return Max(1, dwarf_batch_size / DWARF_BATCH_PARTS);
+}
+
+/*
+ * Takes the next part of a shared batch's steps, of its owner's, when all
+ * it has are run and it has room (see DWARF_BATCH_PARTS).  A step that
+ * would be lent to a runner goes back to the queue, and the batch takes no
+ * more: lending takes a transaction of its own (LendSlowSteps), done
+ * before the next batch.
+ */
+static void
+RefillBatch(Batch *b)
+{
+	int			room = b->max - list_length(b->entries);
+	MemoryContext old;
+	List	   *more;
+	ListCell   *lc;
+
+	if (b->full || b->isolated || b->alone || b->discard || Worker.is_runner ||
+		!OidIsValid(b->owner) || room <= 0 || GetCurrentTimestamp() > b->deadline)
+		return;
+	old = MemoryContextSwitchTo(Worker.batch_context);	/* outlives the SPI call */
+	more = PopBatch(Min(room, BatchPart()), b->owner);
+	b->full = more == NIL;
+	foreach(lc, more)
+	{
+		ReadyEntry *entry = lfirst(lc);
+		FlowRun    *flow = hash_search(Worker.flows, &entry->flow_id, HASH_FIND, NULL);
+		Token	   *token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
+
+		if (token && RunnerWants(flow, token))
+		{
+			token->running = false;
+			EnqueueRunnable(flow);
+			pfree(entry);
+			b->full = true;
+			continue;
+		}
+		b->entries = lappend(b->entries, entry);
+	}
+	list_free(more);
+	MemoryContextSwitchTo(old);
+}
 
 /*
  * Each step of a batch sees what the steps before it wrote, as a statement
@@ -756,7 +815,11 @@ RunEntries(List *entries, bool isolated, bool alone, List *requests)
 	PG_TRY();
 	{
 		foreach(lc, b->entries)
+		{
 			RunEntry(b, lfirst(lc), foreach_current_index(lc));
+			if (foreach_current_index(lc) == list_length(b->entries) - 1)
+				RefillBatch(b);
+		}
 		RowsEnd();
 		StepTimerDisarm();
 		if (b->discard)
@@ -930,14 +993,15 @@ RunBatch(List *requests)
 	if (SingleNext > 0)			/* one step, unchained: whose is the error? */
 	{
 		SingleNext--;
-		batch = PopBatch(1);
+		batch = PopBatch(1, InvalidOid);
 		ReplaceIfServedOthers(BatchOwner(batch, NIL));
 		batch = LendSlowSteps(batch);
 		if (batch != NIL)
 			RunEntries(batch, true, true, NIL);
 		return;
 	}
-	batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) : dwarf_batch_size);
+	batch = PopBatch(isolated ? Min(dwarf_batch_size, DWARF_MAX_ISOLATED_BATCH) : BatchPart(),
+					 InvalidOid);
 	requests = OwnersRequests(BatchOwner(batch, requests), requests);
 	ReplaceIfServedOthers(BatchOwner(batch, requests));
 	batch = LendSlowSteps(batch);

@@ -184,7 +184,7 @@ extern bool OfferExternalStep(FlowRun *flow, Token *token);
 extern ReadyEntry *NewReadyEntry(FlowRun *flow, Token *token);
 extern long MoveDueTimers(void);
 extern void UnqueueTimers(FlowRun *flow);
-extern List *PopBatch(int max);
+extern List *PopBatch(int max, Oid owner);
 extern void PublishPriority(void);
 extern int32 BestReadyPriority(void);
 extern int32 DatabaseBestPriority(void);

@@ -344,8 +344,8 @@ SELECT (SELECT count(*) FROM dwarf.step_all s
          WHERE NOT EXISTS (SELECT 1 FROM dwarf.flow_all f WHERE f.id = s.flow_id))
     || ' ' ||
        (SELECT count(*)
-          FROM (SELECT tableoid, flow_id, true AS live FROM dwarf.step
-                UNION ALL SELECT tableoid, flow_id, false FROM dwarf.step_archive) s
+          FROM (SELECT tableoid, flow_id, true AS live FROM dwarf.step_log
+                UNION ALL SELECT tableoid, flow_id, false FROM dwarf.step_log_archive) s
          WHERE NOT EXISTS (SELECT 1 FROM dwarf.segment g
                             WHERE s.tableoid = ('dwarf.' || g.relation)::regclass AND g.live = s.live
                               AND s.flow_id >= g.lo AND s.flow_id < g.hi))}),

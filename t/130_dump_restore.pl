@@ -9,8 +9,8 @@
 # whose task called dwarf.sleep('3 s').  Its step log holds every kind of
 # partition, made at run time by dwarf.maintain (with
 # dwarf.segment_interval = '1 s', so that a few flows pass a segment):
-# live segments attached to dwarf.step (the sleeping flow's steps), archived
-# segments attached to dwarf.step_archive (the archived flows' steps, the
+# live segments attached to dwarf.step_log (the sleeping flow's steps), archived
+# segments attached to dwarf.step_log_archive (the archived flows' steps, the
 # live completed flows' steps in a segment handed over whole, and the
 # steps of flows whose ids outran the segments, moved there from the
 # default partition), and dwarf.step_default (the interrupted flow's steps,
@@ -168,7 +168,7 @@ is( $node->safe_psql('src', q{
 SELECT string_agg(DISTINCT gr.name || ' ' || CASE WHEN f.place = 'archived' THEN 'archived' ELSE 'live' END
                   || ' flow: ' || CASE WHEN s.tableoid = 'dwarf.step_default'::regclass THEN 'dwarf.step_default'
                                        WHEN sg.live THEN 'live segment' ELSE 'archived segment' END, ', ')
-  FROM (SELECT tableoid, flow_id FROM dwarf.step UNION ALL SELECT tableoid, flow_id FROM dwarf.step_archive) s
+  FROM (SELECT tableoid, flow_id FROM dwarf.step_log UNION ALL SELECT tableoid, flow_id FROM dwarf.step_log_archive) s
   JOIN (SELECT 'live' AS place, id, graph_id FROM dwarf.flow
         UNION ALL SELECT 'archived', id, graph_id FROM dwarf.flow_archive) f ON f.id = s.flow_id
   JOIN dwarf.graph gr ON gr.id = f.graph_id
@@ -189,15 +189,15 @@ SELECT string_agg(f.part || ' ' || to_jsonb(f)::text, E'\n' ORDER BY f.id)
         UNION ALL SELECT tableoid::regclass, * FROM dwarf.flow_archive) f
  WHERE f.id <> $napper},
 	steps => qq{
-SELECT string_agg(s.part || ' ' || to_jsonb(s)::text, E'\n' ORDER BY s.flow_id, s.step_id)
-  FROM (SELECT tableoid::regclass AS part, * FROM dwarf.step
-        UNION ALL SELECT tableoid::regclass, * FROM dwarf.step_archive) s
+SELECT string_agg(s.part || ' ' || to_jsonb(s)::text, E'\n' ORDER BY s.flow_id, s.first_step)
+  FROM (SELECT tableoid::regclass AS part, * FROM dwarf.step_log
+        UNION ALL SELECT tableoid::regclass, * FROM dwarf.step_log_archive) s
  WHERE s.flow_id <> $napper},
 	partitions => q{
 SELECT string_agg(format('%s of %s: %s %s', c.oid::regclass, i.inhparent::regclass,
                          pg_get_expr(c.relpartbound, c.oid), c.reloptions), E'\n' ORDER BY c.relname)
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
- WHERE i.inhparent IN ('dwarf.step'::regclass, 'dwarf.step_archive'::regclass, 'dwarf.flow_archive'::regclass)},
+ WHERE i.inhparent IN ('dwarf.step_log'::regclass, 'dwarf.step_log_archive'::regclass, 'dwarf.flow_archive'::regclass)},
 	segments => q{
 SELECT string_agg(to_jsonb(s)::text, E'\n' ORDER BY s.lo) FROM dwarf.segment s},
 	history => qq{

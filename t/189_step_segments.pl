@@ -1,8 +1,8 @@
 # Copyright: dwarf project.
 #
-# 189_step_segments.pl: the step log is written once.  dwarf.step is
+# 189_step_segments.pl: the step log is written once.  dwarf.step_log is
 # partitioned by flow id into segments that dwarf.maintain makes ahead of
-# the ids, hands to dwarf.step_archive whole once their flows have closed
+# the ids, hands to dwarf.step_log_archive whole once their flows have closed
 # (the same table, detached and attached: no row copied) and drops after
 # dwarf.retention; the few steps of flows that outlive their segment are
 # the only ones moved.
@@ -86,8 +86,8 @@ sub create_and_wait
 # 1. Before any pass: the default partition.
 my $early = create_and_wait(20);
 is( $node->safe_psql('postgres', qq{
-SELECT string_agg(DISTINCT tableoid::regclass::text, ',') || ' ' || count(*)
-  FROM dwarf.step WHERE flow_id IN ($early)}),
+SELECT string_agg(DISTINCT tableoid::regclass::text, ',') || ' ' || sum(cardinality(step_id))
+  FROM dwarf.step_log WHERE flow_id IN ($early)}),
 	'dwarf.step_default 60', 'before any pass, the steps are in dwarf.step_default');
 
 my $pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
@@ -110,8 +110,8 @@ SELECT (SELECT count(*) FROM dwarf.step_default) || ' '
 # 2. New flows write into their live segment.
 my $batch1 = create_and_wait(30);
 is( $node->safe_psql('postgres', qq{
-SELECT count(*) || ' ' || bool_and(g.live) || ' ' || count(DISTINCT g.relation)
-  FROM dwarf.step s
+SELECT sum(cardinality(s.step_id)) || ' ' || bool_and(g.live) || ' ' || count(DISTINCT g.relation)
+  FROM dwarf.step_log s
   JOIN dwarf.segment g ON s.tableoid = ('dwarf.' || g.relation)::regclass
  WHERE s.flow_id IN ($batch1)}),
 	'90 true 1', 'the steps of flows created later are in their live segment');
@@ -148,9 +148,9 @@ note "pass with a closed segment: $pass";
 is( $node->safe_psql('postgres', qq{
 SELECT g.live || ' ' || (c.relfilenode = $next_node) || ' '
        || (SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid) || ' '
-       || (SELECT count(*) FROM dwarf.step_archive a WHERE a.tableoid = c.oid)
+       || (SELECT count(*) FROM dwarf.step_log_archive a WHERE a.tableoid = c.oid)
   FROM dwarf.segment g JOIN pg_class c ON c.relname = g.relation WHERE g.relation = '$next_seg'}),
-	"false true dwarf.step_archive $next_rows",
+	"false true dwarf.step_log_archive $next_rows",
 	'a segment whose flows all closed went to the archive as the same relation, with all its rows');
 is( $node->safe_psql('postgres', qq{SELECT result->>'moved_steps' FROM dwarf.maintain_log
   ORDER BY started_at DESC LIMIT 1}), '0', 'and moved no step');
@@ -171,8 +171,8 @@ SELECT g.live || ' ' || (c.relfilenode = $seg1_node) || ' ' || ('$pass'::jsonb->
   FROM dwarf.segment g JOIN pg_class c ON c.relname = g.relation WHERE g.relation = '$seg1'}),
 	'false true 2', 'the segment went to the archive, and the parked flow\'s 2 steps were moved');
 is( $node->safe_psql('postgres', qq{
-SELECT string_agg(tableoid::regclass::text || ':' || task, ',' ORDER BY step_id)
-  FROM dwarf.step WHERE flow_id = $parked}),
+SELECT string_agg(l.tableoid::regclass::text || ':' || u.task, ',' ORDER BY u.step_id)
+  FROM dwarf.step_log l, unnest(l.step_id, l.task) u(step_id, task) WHERE l.flow_id = $parked}),
 	'dwarf.step_default:A,dwarf.step_default:Q', 'its steps are in dwarf.step_default');
 $node->safe_psql('postgres', "SELECT dwarf.resume($parked, '{}')");
 ok( $node->poll_query_until('postgres', "SELECT status FROM dwarf.flow WHERE id = $parked", 'completed'),
@@ -182,8 +182,8 @@ is( $node->safe_psql('postgres', "SELECT string_agg(task || '=' || status, ',' O
 	'its history is whole');
 $pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
 is( $node->safe_psql('postgres', qq{
-SELECT (SELECT count(*) FROM dwarf.step_default) || ' '
-       || (SELECT count(*) FROM dwarf.$seg1 WHERE flow_id = $parked)}),
+SELECT (SELECT coalesce(sum(cardinality(step_id)), 0) FROM dwarf.step_default) || ' '
+       || (SELECT sum(cardinality(step_id)) FROM dwarf.$seg1 WHERE flow_id = $parked)}),
 	'0 5', 'once it closed, a pass moved its steps into the archived segment');
 is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($parked)"),
 	'AQQQC', 'and its history reads the same');
@@ -244,7 +244,7 @@ $pass = $node->safe_psql('postgres',
 note "pass after the burst: $pass";
 is( $node->safe_psql('postgres', qq{
 SELECT (SELECT count(*) FROM dwarf.flow WHERE id IN ($burst)) || ' '
-       || (SELECT count(*) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' '
+       || (SELECT sum(cardinality(step_id)) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' '
        || (SELECT string_agg(live::text, ',' ORDER BY lo) FROM dwarf.segment WHERE lo >= $top)}),
 	'0 150 false,true,true', 'the pass archived the burst\'s flows (their steps still in the default) '
 	  . 'and made an archived segment, a live one, and the one after it');
@@ -259,7 +259,8 @@ is( $node->safe_psql('postgres', "SELECT hi - lo FROM dwarf.segment WHERE lo = $
 $pass = $node->safe_psql('postgres', q{SELECT dwarf.maintain()});
 is( $node->safe_psql('postgres', qq{
 SELECT (SELECT count(*) FROM dwarf.step_default WHERE flow_id IN ($burst)) || ' '
-       || (SELECT count(*) FROM dwarf.step_archive a JOIN dwarf.segment g ON a.tableoid = ('dwarf.' || g.relation)::regclass
+       || (SELECT sum(cardinality(a.step_id)) FROM dwarf.step_log_archive a
+             JOIN dwarf.segment g ON a.tableoid = ('dwarf.' || g.relation)::regclass
             WHERE g.lo = $top AND a.flow_id IN ($burst))}),
 	'0 150', 'the next pass moved the burst\'s steps into the archived segment');
 is( $node->safe_psql('postgres', "SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($first_burst)"),
@@ -277,7 +278,7 @@ sub call_during_move
 	$mover->query_safe(qq{
 BEGIN;
 SET LOCAL session_replication_role = replica;
-WITH gone AS (DELETE FROM dwarf.step_archive WHERE flow_id = $flow RETURNING *)
+WITH gone AS (DELETE FROM dwarf.step_log_archive WHERE flow_id = $flow RETURNING *)
 INSERT INTO dwarf.step_default SELECT * FROM gone;});
 	my $caller = $node->background_psql('postgres');
 	$caller->query_until(qr/calling/, qq{\\echo calling\nSELECT $call;\n});
@@ -379,8 +380,9 @@ $node->safe_psql('fresh', q{
 SELECT dwarf_internal.make_step_segment(1000000000, 1000000064, true);
 SELECT dwarf_internal.make_step_segment(2000000000, 2000000064, true);
 SET session_replication_role = replica;
-INSERT INTO dwarf.step (flow_id, step_id, token, task, status, attempt, started_at, finished_at)
-VALUES (1000000001, 1, 0, 'A', 'completed', 1, now(), now());
+INSERT INTO dwarf.step_log (flow_id, first_step, last_step, step_id, token, task, status, attempt,
+                            started_at, finished_at)
+VALUES (1000000001, 1, 1, '{1}', '{0}', '{A}', '{completed}', '{1}', ARRAY[now()], ARRAY[now()]);
 });
 $node->safe_psql('fresh', q{SELECT dwarf.create('one', '{}')});
 after_pass($second);

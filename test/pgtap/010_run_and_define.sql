@@ -2,11 +2,12 @@
 -- Runs in one transaction that is rolled back at the end; dwarf.run
 -- commits its own flows, so the checks look at those through the API.
 BEGIN;
-SELECT plan(10);
+SELECT plan(11);
 
 SELECT has_schema('dwarf');
 SELECT has_table('dwarf', 'flow', 'dwarf.flow exists');
-SELECT has_table('dwarf', 'step', 'dwarf.step exists');
+SELECT has_view('dwarf', 'step', 'dwarf.step exists, a row per step');
+SELECT has_table('dwarf', 'step_log', 'dwarf.step_log exists, the steps packed');
 SELECT has_function('dwarf', 'run',
 	ARRAY['text', 'jsonb', 'interval', 'integer', 'text', 'text', 'integer', 'interval',
 		  'boolean', 'jsonb', 'text'], 'dwarf.run has its documented signature');
