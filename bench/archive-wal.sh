@@ -21,7 +21,7 @@ SET dwarf.archive_after = '0';
 SELECT count(dwarf.create('bench_linear_10', '{}')) FROM generate_series(1, 3000) \gset
 DO \$\$ BEGIN WHILE EXISTS (SELECT 1 FROM dwarf.flow WHERE status = 'running') LOOP PERFORM pg_sleep(0.2); END LOOP; END \$\$;
 SELECT dwarf.maintain() IS NOT NULL AS warmed \gset
-VACUUM dwarf.flow, dwarf.step;
+VACUUM dwarf.flow, dwarf.step_log;
 CHECKPOINT;
 SELECT pg_current_wal_lsn() AS l0 \gset
 SELECT count(dwarf.create('bench_linear_10', '{}')) FROM generate_series(1, $N) \gset
@@ -32,7 +32,7 @@ SELECT 'move:   ' || round((pg_current_wal_lsn() - :'l1'::pg_lsn) / ($N * 10.0),
        || (m ->> 'moved_steps') || ' steps in ' || (m ->> 'took_ms') || ' ms'
   FROM dwarf.maintain() m;
 SELECT pg_current_wal_lsn() AS l2 \gset
-VACUUM dwarf.flow, dwarf.step;
+VACUUM dwarf.flow, dwarf.step_log;
 SELECT 'vacuum: ' || round((pg_current_wal_lsn() - :'l2'::pg_lsn) / ($N * 10.0), 1) || ' B/step';
 SELECT max(id) AS fid FROM dwarf.flow_archive \gset
 \timing on

@@ -373,7 +373,7 @@ H2=$(history_latency idle)
 explain_archived idle
 # diagnostic, not the product as shipped: the same with parallel query off in the session
 H3=$(history_latency idle-no-parallel "-c max_parallel_workers_per_gather=0")
-q -c "VACUUM ANALYZE dwarf.step_archive, dwarf.flow_archive"
+q -c "VACUUM ANALYZE dwarf.step_log_archive, dwarf.flow_archive"
 FINAL=$(q -F'|' -c "SELECT (SELECT count(*) FROM dwarf.step_archive), (SELECT count(*) FROM dwarf.flow_archive),
 	(SELECT count(*) FROM dwarf.step), (SELECT count(*) FROM dwarf.flow),
 	(SELECT pg_size_pretty(archive_flow_bytes + archive_step_bytes) FROM dwarf.storage),

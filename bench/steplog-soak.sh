@@ -44,7 +44,7 @@
 # Every SAMPLE (10) s a CSV row: steps and flows closed per second
 # (dwarf.graph_stats: committed counters, which count on when flows are
 # archived), open flows, WAL (pg_current_wal_lsn) per step, checkpoints,
-# pg_total_relation_size of dwarf.flow and dwarf.step with every partition
+# pg_total_relation_size of dwarf.flow and dwarf.step_log with every partition
 # attached to them (pg_partition_tree: the table itself when not partitioned),
 # live and dead tuples and autovacuum passes of each (pg_stat_user_tables,
 # summed over partitions), the archive's bytes (dwarf.storage), the last
@@ -216,7 +216,7 @@ SAMPLE_SQL="SELECT extract(epoch FROM clock_timestamp())::numeric(16,3), coalesc
 	(SELECT count(*) FROM dwarf.maintain_log WHERE started_at >= to_timestamp(:t0)),
 	coalesce(round(extract(epoch FROM m.took) * 1000)::text, ''), coalesce(m.result->>'moved_steps', ''),
 	coalesce(m.result->>'more', '')
-  FROM $(TABLE_SQL dwarf.flow) f, $(TABLE_SQL dwarf.step) s
+  FROM $(TABLE_SQL dwarf.flow) f, $(TABLE_SQL dwarf.step_log) s
   LEFT JOIN $GS g ON true
   LEFT JOIN (SELECT * FROM dwarf.maintain_log WHERE started_at >= to_timestamp(:t0)
               ORDER BY started_at DESC LIMIT 1) m ON true"
@@ -359,7 +359,7 @@ say "ceiling after: $REF2 tps"
 
 # ---------------------------------------------------------------- summary
 # the live tables and their partitions, if any: every dwarf.step* or dwarf.flow* but the archive's
-AV_STEP=$({ grep -oE 'automatic vacuum of table "bench\.dwarf\.step[^"]*"' "$LOG" || true; } | grep -v step_archive | grep -c . || true)
+AV_STEP=$({ grep -oE 'automatic vacuum of table "bench\.dwarf\.step[^"]*"' "$LOG" || true; } | grep -v "step_archive\|step_log_archive" | grep -c . || true)
 AV_FLOW=$({ grep -oE 'automatic vacuum of table "bench\.dwarf\.flow[^"]*"' "$LOG" || true; } | grep -v flow_archive | grep -c . || true)
 ERRS=$({ grep -E 'ERROR|PANIC' "$LOG" || true; } | grep -c . || true)
 REF=$(awk -v a="$REF1" -v b="$REF2" 'BEGIN {printf "%d", (a + b) / 2 + 0.5}')

@@ -1832,6 +1832,32 @@ COMMENT ON FUNCTION dwarf.maintain(boolean) IS
 	'changes nothing and returns what a pass would do. For the extension''s owner '
 	'(GRANT EXECUTE, and USAGE on schema dwarf, to an operator role); schedule it with pg_cron';
 
+/*
+ * The steps in a step log's partitions, as the statistics estimate them: a
+ * row packs a flow's steps (dwarf.step_log), so it is each partition's rows
+ * (reltuples) times the mean count of elements of its step_id arrays, which
+ * ANALYZE keeps as the last number of the column's elem_count_histogram
+ * (STATISTIC_KIND_DECHIST, 5).  A partition not analyzed yet counts a step a
+ * row.  SECURITY DEFINER: pg_statistic is its owner's to read.
+ */
+CREATE FUNCTION dwarf_internal.steps_estimate(log regclass) RETURNS bigint
+	LANGUAGE sql STABLE SECURITY DEFINER
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT coalesce(sum(greatest(c.reltuples, 0) * coalesce(h.per_row, 1)), 0)::bigint
+	  FROM pg_partition_tree(steps_estimate.log) t
+	  JOIN pg_class c ON c.oid = t.relid
+	  LEFT JOIN LATERAL (
+		SELECT n[array_upper(n, 1)] AS per_row
+		  FROM pg_attribute a
+		  JOIN pg_statistic s ON s.starelid = a.attrelid AND s.staattnum = a.attnum AND NOT s.stainherit,
+			   LATERAL (VALUES (CASE 5 WHEN s.stakind1 THEN s.stanumbers1 WHEN s.stakind2 THEN s.stanumbers2
+										WHEN s.stakind3 THEN s.stanumbers3 WHEN s.stakind4 THEN s.stanumbers4
+										WHEN s.stakind5 THEN s.stanumbers5 END)) v(n)
+		 WHERE a.attrelid = c.oid AND a.attname = 'step_id') h ON true
+	 WHERE t.isleaf
+	$$;
+
 CREATE VIEW dwarf.storage AS
 	SELECT (SELECT pg_total_relation_size('dwarf.flow')) AS live_flow_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
@@ -1840,9 +1866,7 @@ CREATE VIEW dwarf.storage AS
 			  FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS archive_flow_bytes,
 		   (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
 			  FROM pg_partition_tree('dwarf.step_log_archive') t WHERE t.isleaf) AS archive_step_bytes,
-		   (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
-			  FROM pg_partition_tree('dwarf.step_log_archive') t JOIN pg_class c ON c.oid = t.relid
-			 WHERE t.isleaf) AS archive_steps_estimate,
+		   dwarf_internal.steps_estimate('dwarf.step_log_archive') AS archive_steps_estimate,
 		   (SELECT count(*) FROM dwarf_internal.archive_days('dwarf.flow_archive')) AS archive_days,
 		   (SELECT min(a.day) FROM dwarf_internal.archive_days('dwarf.flow_archive') a) AS oldest_archived_day,
 		   (SELECT count(*) FROM dwarf.segment s WHERE s.live) AS live_segments,
@@ -1866,5 +1890,6 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dwarf_internal FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dwarf_internal.flow_steps(bigint),			-- history, snapshot, state_at
 	dwarf_internal.failed_step_error(bigint, text),						-- snapshot, list
 	dwarf_internal.fold_changes(jsonb, jsonb[], jsonb),					-- state_at
-	dwarf_internal.archive_days(regclass)								-- dwarf.storage
+	dwarf_internal.archive_days(regclass),								-- dwarf.storage
+	dwarf_internal.steps_estimate(regclass)								-- dwarf.storage
 	TO PUBLIC;

@@ -231,6 +231,12 @@ SELECT g.live, c.relfilenode = s.relfilenode AS same_table,
 	   (SELECT count(*) FROM dwarf.step_log_archive a JOIN rt.flows f ON f.id = a.flow_id
 		 WHERE a.tableoid <> c.oid) AS steps_elsewhere
   FROM rt.seg s JOIN dwarf.segment g USING (relation) JOIN pg_class c ON c.oid = ('dwarf.' || s.relation)::regclass;
+-- the archive's steps as the statistics count them: a row packs a flow's steps
+ANALYZE dwarf.step_log_archive;
+SELECT s.archive_steps_estimate = a.steps AS estimate_counts_steps, a.steps > a.packs AS packed
+  FROM dwarf.storage s,
+	   (SELECT (SELECT count(*) FROM dwarf.step_archive) AS steps,
+			   (SELECT count(*) FROM dwarf.step_log_archive) AS packs) a;
 -- the open flows' steps are in dwarf.step_default
 SELECT string_agg(DISTINCT s.tableoid::regclass::text, ',') AS open_flows_steps_in
   FROM dwarf.step_log s JOIN rt.flows f ON f.id = s.flow_id;
