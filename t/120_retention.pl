@@ -43,7 +43,10 @@
 #     empty); every step row is in the segment that covers its flow id
 #     and has its flow (none orphaned); every flow completed with its steps,
 #     once each, and the right final state; forks and continues completed,
-#     and a continued flow names its thread, archived or not.
+#     and a continued flow names its thread, archived or not.  Then a
+#     closed flow whose row another session holds (FOR UPDATE, in an open
+#     transaction) stays while a pass moves another, and the next pass
+#     after the row is let go moves it.
 #
 # Every wait polls with a deadline; nothing is timed.
 use strict;
@@ -388,6 +391,30 @@ is( $node->safe_psql('conc', q{
 SELECT count(*) = least(1000, (SELECT sum(n) FROM passes) + 1) FROM dwarf.maintain_log}),
 	't',
 	'dwarf.maintain_log has one row per pass (it keeps the last 1000)');
+
+# A closed flow whose row another session holds is left to a later pass: the
+# pass waits for the row half a second at most, then moves the others.
+my @closed = map {
+	$node->safe_psql('conc', q{SELECT flow_id FROM dwarf.run('c3', '{}', timeout => '60 s') WHERE status = 'completed'})
+} (1, 2);
+my $row_holder = $node->background_psql('conc');
+$row_holder->query_safe("BEGIN; SELECT id FROM dwarf.flow WHERE id = $closed[0] FOR UPDATE");
+my $held_pass = $node->safe_psql('conc', q{SET dwarf.archive_after = 0; SELECT dwarf.maintain()});
+is( $node->safe_psql('conc', qq{
+SELECT (SELECT string_agg(id::text, ',') FROM dwarf.flow WHERE id IN ($closed[0], $closed[1])) || ' '
+       || (SELECT string_agg(tableoid::regclass::text || ':' || id, ',') FROM dwarf.flow_archive
+            WHERE id IN ($closed[0], $closed[1]))}),
+	"$closed[0] dwarf.flow_archive_" . $node->safe_psql('conc', q{SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')})
+	  . ":$closed[1]",
+	'a pass moves a closed flow into the archive\'s day but not one whose row another session holds')
+  or diag $held_pass;
+$row_holder->query_safe('COMMIT');
+$row_holder->quit;
+$node->safe_psql('conc', q{SET dwarf.archive_after = 0; SELECT dwarf.maintain()});
+is( $node->safe_psql('conc', qq{SELECT count(*) FROM dwarf.flow_archive WHERE id IN ($closed[0], $closed[1])}),
+	'2', 'once the row is let go, the next pass moves it');
+is( $node->safe_psql('conc', qq{SELECT string_agg(task, '' ORDER BY step_id) FROM dwarf.history($closed[0])}),
+	'ABC', 'with its history whole');
 
 # ---------------------------------------------------------------- 1. pg_cron, the outcome
 ok( $node->poll_query_until('postgres',
