@@ -1095,7 +1095,7 @@ FailFlowRow(int64 id, const char *error)
 		NoteOnCommit(DatumGetInt64(parent), NOTE_RELOAD_FLOW, false);
 }
 
-/* Appends the step's row to dwarf.step, in the batch's transaction. */
+/* Appends the step to the step log (dwarf.step), in the batch's transaction. */
 void
 RecordStep(FlowRun *flow, int token_id, int node, int attempt, StepOutcome *outcome,
 		   TimestampTz started, TimestampTz finished)

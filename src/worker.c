@@ -6,11 +6,11 @@
  *
  * Per step the worker calls the task through fmgr with a cached FmgrInfo,
  * as the flow's owner in a security-restricted operation (step.c), appends
- * one dwarf.step row (rows.c) and moves the flow on in memory.  The flow row
- * is written only when the flow closes.  A successor that is ready at once
- * runs in the same batch (chaining); others are queued once the batch has
- * committed.  dwarf.run's creates join the batch too (intake.c), so that a
- * short flow is created, run and closed in one commit.
+ * the step to the step log (rows.c) and moves the flow on in memory.  The
+ * flow row is written only when the flow closes.  A successor that is ready
+ * at once runs in the same batch (chaining); others are queued once the
+ * batch has committed.  dwarf.run's creates join the batch too (intake.c),
+ * so that a short flow is created, run and closed in one commit.
  * A batch stops starting steps after dwarf.batch_time; slow tasks' steps go
  * to runners (lend.c), and a task that runs past dwarf.long_step here is
  * preempted and its step lent (step.c); a step that met a lock conflict

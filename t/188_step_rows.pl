@@ -115,7 +115,8 @@ SELECT dwarf.define('tenslow', '{"tasks": {"t1": "app.slow", "t2": "app.slow", "
 # flow ids below $b1 in step_low, from $b1 to $b2 in step_mid (which also
 # has a CHECK of its range), the others in step_rest (the default), with a
 # block-range index only.  The old table stays, renamed; the view that
-# unpacks the step log, dwarf.step, is made again over the new one.
+# unpacks the step log, dwarf.step, is made again over the new one (its
+# definition, which followed the rename, with the name put back).
 sub partition_sql
 {
 	my ($b1, $b2) = @_;
@@ -129,14 +130,10 @@ ALTER TABLE dwarf.step_mid ADD CONSTRAINT step_mid_range CHECK (flow_id >= $b1 A
 CREATE TABLE dwarf.step_rest PARTITION OF dwarf.step_log DEFAULT;
 CREATE INDEX step_flow ON dwarf.step_log USING brin (flow_id, first_step);
 GRANT SELECT ON dwarf.step_log TO PUBLIC;
-CREATE OR REPLACE VIEW dwarf.step WITH (security_invoker = true) AS
-	SELECT l.flow_id, s.step_id, s.token, s.task, s.status, s.attempt, s.started_at, s.finished_at,
-	       s.changes, s.goto_task, s.wake_at, s.signal, s.error
-	  FROM dwarf.step_log l,
-	       LATERAL unnest(l.step_id, l.token, l.task, l.status, l.attempt, l.started_at,
-	                      l.finished_at, l.changes, l.goto_task, l.wake_at, l.signal, l.error)
-	         AS s(step_id, token, task, status, attempt, started_at, finished_at,
-	              changes, goto_task, wake_at, signal, error);
+DO \$view\$ BEGIN
+	EXECUTE 'CREATE OR REPLACE VIEW dwarf.step WITH (security_invoker = true) AS '
+		|| replace(pg_get_viewdef('dwarf.step'::regclass), 'step_log_plain', 'step_log');
+END \$view\$;
 };
 }
 
