@@ -1512,8 +1512,7 @@ BEGIN
 				 LIMIT default_chunk))
 			RETURNING x.*),
 		 put AS (INSERT INTO dwarf.step_log_archive SELECT * FROM gone RETURNING cardinality(step_id) AS n)
-		SELECT count(*), coalesce(sum(put.n), 0) INTO n_rows, n_flows FROM put;
-		n_steps := n_steps + n_flows;
+		SELECT count(*), n_steps + coalesce(sum(put.n), 0) INTO n_rows, n_steps FROM put;
 		EXIT WHEN n_rows < default_chunk;
 	END LOOP;
 	IF NOT dry_run THEN

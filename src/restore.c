@@ -8,21 +8,21 @@
  * started the database's workers.  A worker knows only the flows it was
  * told of (a create's note) or found when it last scanned its tables, so
  * nobody would carry on the restored flows: a sleeping flow would never
- * wake.  dwarf_internal.restored, a statement-level trigger on dwarf.step_log,
- * asks every worker of the database to scan its tables again, as if its note
- * ring had overflowed.  Nothing but a restore writes dwarf.step_log with a
- * statement: the workers append its rows without the executor's triggers,
- * so the trigger costs the hot path nothing.
+ * wake.  dwarf_internal.restored, a statement-level trigger on
+ * dwarf.step_log, asks every worker of the database to scan its tables
+ * again, as if its note ring had overflowed.  Nothing but a restore writes
+ * dwarf.step_log with a statement: the workers append its rows without the
+ * executor's triggers, so the trigger costs the hot path nothing.
  *
  * The scan comes when the session that copied the steps ends, not when its
  * COPY commits.  pg_restore copies each table in a transaction of its own
  * and sets the sequences only after every table's rows: a worker that
  * carried on a restored flow at the COPY's commit would take its step ids
  * from dwarf.step_seq before it is set, below ids of the restored steps
- * (those of the archive's day partitions, copied after dwarf.step_log, too),
- * and the flow's next step would replay before its earlier ones.  At the
- * session's end every table and sequence of the restore is in, whatever
- * the order pg_restore took them in (with --jobs as well).
+ * (those of the archive's day partitions, copied after dwarf.step_log,
+ * too), and the flow's next step would replay before its earlier ones.  At
+ * the session's end every table and sequence of the restore is in,
+ * whatever the order pg_restore took them in (with --jobs as well).
  */
 #include "postgres.h"
 
