@@ -24,6 +24,7 @@ OBJS = \
 	src/names.o \
 	src/flowrun.o \
 	src/merge.o \
+	src/archive.o \
 	src/api.o \
 	src/ops.o \
 	src/control.o \
