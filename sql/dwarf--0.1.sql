@@ -1279,13 +1279,23 @@ COMMENT ON FUNCTION dwarf_internal.next_flow_id() IS
  * made or dropped, no flow moved, no log row) and returns what the pass
  * would do.
  */
-CREATE FUNCTION dwarf_internal.archive_flows(flows dwarf.flow[]) RETURNS bigint
+CREATE FUNCTION dwarf_internal.archive_add(internal, dwarf.flow) RETURNS internal
 	LANGUAGE C
-	AS 'MODULE_PATHNAME', 'dwarf_archive_flows';
-REVOKE ALL ON FUNCTION dwarf_internal.archive_flows(dwarf.flow[]) FROM PUBLIC;
-COMMENT ON FUNCTION dwarf_internal.archive_flows(dwarf.flow[]) IS
-	'For dwarf.maintain: writes the flow rows it moves into dwarf.flow_archive''s day partitions, '
-	'a heap page to a WAL record; returns how many';
+	AS 'MODULE_PATHNAME', 'dwarf_archive_add';
+CREATE FUNCTION dwarf_internal.archive_done(internal) RETURNS bigint
+	LANGUAGE C
+	AS 'MODULE_PATHNAME', 'dwarf_archive_done';
+CREATE AGGREGATE dwarf_internal.archive(dwarf.flow) (
+	SFUNC = dwarf_internal.archive_add,
+	STYPE = internal,
+	FINALFUNC = dwarf_internal.archive_done,
+	FINALFUNC_MODIFY = READ_WRITE
+);
+REVOKE ALL ON FUNCTION dwarf_internal.archive_add(internal, dwarf.flow), dwarf_internal.archive_done(internal),
+	dwarf_internal.archive(dwarf.flow) FROM PUBLIC;
+COMMENT ON AGGREGATE dwarf_internal.archive(dwarf.flow) IS
+	'For dwarf.maintain: writes the flow rows it moves into dwarf.flow_archive''s day partitions '
+	'as they come, a heap page to a WAL record; returns how many';
 
 CREATE FUNCTION dwarf_internal.maintain_at(now timestamptz, dry_run boolean DEFAULT false) RETURNS jsonb
 	LANGUAGE plpgsql SECURITY DEFINER
@@ -1444,9 +1454,9 @@ BEGIN
 	/*
 	 * Flow rows are moved in chunks, in one statement each: a plain
 	 * DELETE, which writes no lock of its own for each row as FOR UPDATE
-	 * would (a tenth of the move's WAL), whose rows
-	 * dwarf_internal.archive_flows writes into the archive a heap page to a
-	 * WAL record, as COPY does (an INSERT would log each row apart).  A row that someone else holds
+	 * would (a tenth of the move's WAL), whose rows the aggregate
+	 * dwarf_internal.archive writes into the archive a heap page to a WAL
+	 * record, as COPY does (an INSERT would log each row apart).  A row that someone else holds
 	 * (dwarf.delete, dwarf.continue in an open transaction) makes it wait,
 	 * half a second at most; then the chunk goes again skipping the rows
 	 * held, which the next pass takes.  A row that changed meanwhile is
@@ -1469,7 +1479,7 @@ BEGIN
 						   WHERE f.id = ANY (ids[i:i + chunk - 1])
 							 AND f.status IN ('completed', 'failed', 'cancelled')
 						  RETURNING f)
-			SELECT dwarf_internal.archive_flows(array_agg(gone.f)) INTO n_flows FROM gone;
+			SELECT dwarf_internal.archive(gone.f) INTO n_flows FROM gone;
 		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
 			PERFORM set_config('lock_timeout', lock_timeout, true);
 			WITH picked AS (
@@ -1478,7 +1488,7 @@ BEGIN
 				   AND status IN ('completed', 'failed', 'cancelled')
 				   FOR UPDATE SKIP LOCKED),
 			 gone AS (DELETE FROM dwarf.flow f USING picked p WHERE f.id = p.id RETURNING f)
-			SELECT dwarf_internal.archive_flows(array_agg(gone.f)) INTO n_flows FROM gone;
+			SELECT dwarf_internal.archive(gone.f) INTO n_flows FROM gone;
 		END;
 		PERFORM set_config('lock_timeout', lock_timeout, true);
 		moved_flows := moved_flows + n_flows;

@@ -218,7 +218,7 @@ SELECT * FROM rt.index_counts();
 SELECT rt.pass(max(id)) FROM rt.flows;
 SELECT rt.passed(max(id)) FROM rt.flows;
 -- The move writes the archive's rows itself, a heap page to a WAL record
--- (dwarf_internal.archive_flows): a check on the archive still holds it up.
+-- (the aggregate dwarf_internal.archive): a check on the archive still holds it up.
 -- A pass that meets a row the check refuses fails whole, naming the flow,
 -- and moves nothing; the flows stay live.
 CREATE TABLE rt.rows_before AS SELECT * FROM dwarf.flow WHERE id IN (SELECT id FROM rt.flows);
@@ -228,9 +228,9 @@ SELECT f.name, rt.place(f.id) FROM rt.flows f WHERE f.name IN ('plain', 'failed'
 ALTER TABLE dwarf.flow_archive DROP CONSTRAINT rt_no_failed;
 -- and it is for dwarf.maintain alone
 SET ROLE rt_other;
-SELECT rt.try('SELECT dwarf_internal.archive_flows(NULL)');
+SELECT rt.try('SELECT dwarf_internal.archive(NULL::dwarf.flow)');
 RESET ROLE;
-SELECT rt.try('SELECT dwarf_internal.archive_flows(ARRAY[NULL::dwarf.flow])');
+SELECT rt.try('SELECT dwarf_internal.archive(NULL::dwarf.flow)');
 
 -- Two hours later, once the ids have passed the segment: the closed flows
 -- move, and the segment goes to the archive whole; the interrupted flows
@@ -255,6 +255,30 @@ SELECT (SELECT count(*) FROM dwarf.flow_archive a WHERE a.id = f.id) AS by_id,
 SELECT count(*) AS by_thread FROM dwarf.flow_archive a WHERE a.thread = 'rt-thread';
 RESET enable_seqscan;
 RESET enable_bitmapscan;
+-- Rows stream through the aggregate, written a thousand at a time, each to
+-- its day: 2,500 copies of an archived flow closing today and tomorrow, in
+-- a transaction rolled back.
+BEGIN;
+SELECT dwarf_internal.archive(jsonb_populate_record(NULL::dwarf.flow,
+		to_jsonb(t) || jsonb_build_object('id', 900000000000 + g,
+										  'finished_at', t.finished_at + (g % 2) * interval '1 day'))) AS written
+  FROM dwarf.flow_archive t, generate_series(1, 2500) g
+ WHERE t.id = (SELECT id FROM rt.flows WHERE name = 'plain');
+SELECT count(*) AS copies, count(DISTINCT tableoid) AS days,
+	   count(*) FILTER (WHERE (to_jsonb(a) - 'id' - 'finished_at') = (SELECT to_jsonb(p) - 'id' - 'finished_at'
+			FROM dwarf.flow_archive p WHERE p.id = (SELECT id FROM rt.flows WHERE name = 'plain'))) AS same
+  FROM dwarf.flow_archive a WHERE a.id > 900000000000;
+SET LOCAL enable_seqscan = off;
+SET LOCAL enable_bitmapscan = off;
+SELECT count(*) AS found_by_id FROM dwarf.flow_archive WHERE id IN (900000000001, 900000001234, 900000002500);
+-- and 8 MB at a time: twelve flows whose states are a megabyte each
+SELECT dwarf_internal.archive(jsonb_populate_record(NULL::dwarf.flow,
+		to_jsonb(t) || jsonb_build_object('id', 900000010000 + g, 'state', jsonb_build_object('big', repeat(g::text, 1000000))))) AS written
+  FROM dwarf.flow_archive t, generate_series(1, 12) g
+ WHERE t.id = (SELECT id FROM rt.flows WHERE name = 'plain');
+SELECT count(*) AS big, bool_and(length(state ->> 'big') = 1000000 * length((id - 900000010000)::text)) AS whole
+  FROM dwarf.flow_archive WHERE id > 900000010000;
+ROLLBACK;
 -- the segment is the same table, attached to dwarf.step_archive, with the
 -- steps of the closed flows where they were: none was copied
 SELECT g.live, c.relfilenode = s.relfilenode AS same_table,
