@@ -1268,17 +1268,6 @@ REVOKE ALL ON FUNCTION dwarf_internal.flow_id_prefix(), dwarf_internal.next_flow
 COMMENT ON FUNCTION dwarf_internal.next_flow_id() IS
 	'The id the next new flow will get, without taking it (dwarf.maintain makes segments ahead of it)';
 
-/*
- * A pass of dwarf.maintain as if the time were now: what dwarf.maintain()
- * runs with now(), and what tests run with a later time, to see days expire
- * without waiting for them.  With a time ahead of the clock it drops days
- * that still hold flows which have not reached their retention, so it is
- * not dwarf.maintain's argument (where a mistaken call would drop them) but
- * a function of its own, granted to no one: only the extension's owner and
- * superusers may call it.  With dry_run, it changes nothing (no partition
- * made or dropped, no flow moved, no log row) and returns what the pass
- * would do.
- */
 CREATE FUNCTION dwarf_internal.archive_add(internal, dwarf.flow) RETURNS internal
 	LANGUAGE C
 	AS 'MODULE_PATHNAME', 'dwarf_archive_add';
@@ -1297,6 +1286,17 @@ COMMENT ON AGGREGATE dwarf_internal.archive(dwarf.flow) IS
 	'For dwarf.maintain: writes the flow rows it moves into dwarf.flow_archive''s day partitions '
 	'as they come, a heap page to a WAL record; returns how many';
 
+/*
+ * A pass of dwarf.maintain as if the time were now: what dwarf.maintain()
+ * runs with now(), and what tests run with a later time, to see days expire
+ * without waiting for them.  With a time ahead of the clock it drops days
+ * that still hold flows which have not reached their retention, so it is
+ * not dwarf.maintain's argument (where a mistaken call would drop them) but
+ * a function of its own, granted to no one: only the extension's owner and
+ * superusers may call it.  With dry_run, it changes nothing (no partition
+ * made or dropped, no flow moved, no log row) and returns what the pass
+ * would do.
+ */
 CREATE FUNCTION dwarf_internal.maintain_at(now timestamptz, dry_run boolean DEFAULT false) RETURNS jsonb
 	LANGUAGE plpgsql SECURITY DEFINER
 	SET search_path = pg_catalog, pg_temp
@@ -1456,11 +1456,12 @@ BEGIN
 	 * DELETE, which writes no lock of its own for each row as FOR UPDATE
 	 * would (a tenth of the move's WAL), whose rows the aggregate
 	 * dwarf_internal.archive writes into the archive a heap page to a WAL
-	 * record, as COPY does (an INSERT would log each row apart).  A row that someone else holds
-	 * (dwarf.delete, dwarf.continue in an open transaction) makes it wait,
-	 * half a second at most; then the chunk goes again skipping the rows
-	 * held, which the next pass takes.  A row that changed meanwhile is
-	 * read again: one that is open again, or gone, stays.  Each chunk is a
+	 * record, as COPY does (an INSERT would log each row apart).  A row
+	 * that someone else holds (dwarf.delete, dwarf.continue in an open
+	 * transaction) makes it wait, half a second at most; then the chunk
+	 * goes again skipping the rows held, which the next pass takes.  A row
+	 * that changed meanwhile is read again: one that is open again, or
+	 * gone, stays.  Each chunk is a
 	 * subtransaction (the exception block); past 64 of them the pass's
 	 * process no longer lists them all in shared memory, and other
 	 * sessions' snapshots look its rows' xids up in pg_subtrans while it
