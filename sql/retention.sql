@@ -226,6 +226,12 @@ ALTER TABLE dwarf.flow_archive ADD CONSTRAINT rt_no_failed CHECK (status <> 'fai
 SELECT rt.try($$SELECT dwarf_internal.maintain_at(now() + interval '2 hours')$$);
 SELECT f.name, rt.place(f.id) FROM rt.flows f WHERE f.name IN ('plain', 'failed') ORDER BY f.name;
 ALTER TABLE dwarf.flow_archive DROP CONSTRAINT rt_no_failed;
+-- Rows are copied column by column as SELECT * lists them: a column added
+-- to dwarf.flow alone fails the pass, naming it; once dropped (it stays in
+-- the table's descriptor, as a dropped column) the copy lines up again.
+ALTER TABLE dwarf.flow ADD COLUMN rt_extra int;
+SELECT rt.try($$SELECT dwarf_internal.maintain_at(now() + interval '2 hours')$$);
+ALTER TABLE dwarf.flow DROP COLUMN rt_extra;
 -- and it is for dwarf.maintain alone
 SET ROLE rt_other;
 SELECT rt.try('SELECT dwarf_internal.archive(NULL::dwarf.flow)');

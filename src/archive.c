@@ -58,6 +58,9 @@ typedef struct Archiving
 	MemoryContext context;		/* the aggregate's: lives as long as this */
 	Relation	archive;
 	TupleDesc	flowdesc;
+	int		   *map;			/* ColumnMap */
+	Datum	   *values;			/* a row of dwarf.flow, deformed */
+	bool	   *nulls;
 	EState	   *estate;
 	ResultRelInfo *root;
 	ModifyTableState *mtstate;
@@ -79,33 +82,51 @@ ArchiveRowContext(void *arg)
 }
 
 /*
- * The archive's descriptor must be dwarf.flow's column for column, as the
- * INSERT ... SELECT * this replaces assumed: a row is copied by position.
+ * Which column of dwarf.flow's row fills each column of the archive: the
+ * columns that are not dropped, in order, as the INSERT ... SELECT * this
+ * replaces took them (-1 for a dropped column of the archive).  A column
+ * added to one table and not the other, or of another type, is an error.
  */
-static void
-CheckSameColumns(TupleDesc from, TupleDesc to)
+static int *
+ColumnMap(TupleDesc from, TupleDesc to)
 {
-	int			i;
+	int		   *map = palloc(sizeof(int) * to->natts);
+	int			f = 0;
+	int			t;
 
-	if (from->natts != to->natts)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("dwarf.flow has %d columns and dwarf.flow_archive %d", from->natts, to->natts),
-				 errhint("A column added to dwarf.flow must be added to dwarf.flow_archive too, in the same place.")));
-	for (i = 0; i < from->natts; i++)
+	for (t = 0; t < to->natts; t++)
 	{
-		Form_pg_attribute a = TupleDescAttr(from, i);
-		Form_pg_attribute b = TupleDescAttr(to, i);
+		Form_pg_attribute b = TupleDescAttr(to, t);
+		Form_pg_attribute a;
 
-		if (a->attisdropped != b->attisdropped ||
-			(!a->attisdropped && a->atttypid != b->atttypid))
+		map[t] = -1;
+		if (b->attisdropped)
+			continue;
+		while (f < from->natts && TupleDescAttr(from, f)->attisdropped)
+			f++;
+		if (f == from->natts)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("column %d of dwarf.flow (%s) does not match column %d of dwarf.flow_archive (%s)",
-							i + 1, a->attisdropped ? "dropped" : NameStr(a->attname),
-							i + 1, b->attisdropped ? "dropped" : NameStr(b->attname)),
+					 errmsg("dwarf.flow_archive has column \"%s\", which dwarf.flow has not", NameStr(b->attname)),
 					 errhint("dwarf.flow_archive must have dwarf.flow's columns, in the same order.")));
+		a = TupleDescAttr(from, f);
+		if (a->atttypid != b->atttypid)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("column \"%s\" of dwarf.flow does not match column \"%s\" of dwarf.flow_archive",
+							NameStr(a->attname), NameStr(b->attname)),
+					 errhint("dwarf.flow_archive must have dwarf.flow's columns, in the same order.")));
+		map[t] = f++;
 	}
+	while (f < from->natts && TupleDescAttr(from, f)->attisdropped)
+		f++;
+	if (f < from->natts)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("dwarf.flow has column \"%s\", which dwarf.flow_archive has not",
+						NameStr(TupleDescAttr(from, f)->attname)),
+				 errhint("A column added to dwarf.flow must be added to dwarf.flow_archive too, in the same place.")));
+	return map;
 }
 
 /*
@@ -127,7 +148,9 @@ StartArchiving(MemoryContext context, Oid rowtype)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("dwarf.flow_archive is not partitioned")));
-	CheckSameColumns(a->flowdesc, RelationGetDescr(a->archive));
+	a->map = ColumnMap(a->flowdesc, RelationGetDescr(a->archive));
+	a->values = palloc(sizeof(Datum) * a->flowdesc->natts);
+	a->nulls = palloc(sizeof(bool) * a->flowdesc->natts);
 	a->estate = CreateExecutorState();
 	a->root = makeNode(ResultRelInfo);
 	InitResultRelInfo(a->root, a->archive, 0, NULL, 0);
@@ -200,15 +223,21 @@ AddRow(Archiving *a, HeapTupleHeader row)
 	ErrorContextCallback context;
 	MemoryContext old;
 	int64		flow_id;
+	int			i;
 
 	tuple.t_len = HeapTupleHeaderGetDatumLength(row);
 	ItemPointerSetInvalid(&tuple.t_self);
 	tuple.t_tableOid = InvalidOid;
 	tuple.t_data = row;
+	heap_deform_tuple(&tuple, a->flowdesc, a->values, a->nulls);
 	ExecClearTuple(a->slot);
-	heap_deform_tuple(&tuple, a->flowdesc, a->slot->tts_values, a->slot->tts_isnull);
+	for (i = 0; i < a->slot->tts_tupleDescriptor->natts; i++)
+	{
+		a->slot->tts_isnull[i] = a->map[i] < 0 || a->nulls[a->map[i]];
+		a->slot->tts_values[i] = a->slot->tts_isnull[i] ? (Datum) 0 : a->values[a->map[i]];
+	}
 	ExecStoreVirtualTuple(a->slot);
-	flow_id = a->slot->tts_isnull[0] ? 0 : DatumGetInt64(a->slot->tts_values[0]);
+	flow_id = a->nulls[0] ? 0 : DatumGetInt64(a->values[0]);	/* id comes first */
 
 	context.callback = ArchiveRowContext;
 	context.arg = &flow_id;
