@@ -1461,12 +1461,11 @@ BEGIN
 	 * transaction) makes it wait, half a second at most; then the chunk
 	 * goes again skipping the rows held, which the next pass takes.  A row
 	 * that changed meanwhile is read again: one that is open again, or
-	 * gone, stays.  Each chunk is a
-	 * subtransaction (the exception block); past 64 of them the pass's
-	 * process no longer lists them all in shared memory, and other
-	 * sessions' snapshots look its rows' xids up in pg_subtrans while it
-	 * runs: bench/README.md's soaks with a pass every minute measured no
-	 * loss of throughput from it.
+	 * gone, stays.  Each chunk is a subtransaction (the exception block);
+	 * past 64 of them the pass's process no longer lists them all in
+	 * shared memory, and other sessions' snapshots look its rows' xids up
+	 * in pg_subtrans while it runs: bench/README.md's soaks with a pass
+	 * every minute measured no loss of throughput from it.
 	 */
 	i := 1;
 	WHILE NOT dry_run AND i <= coalesce(cardinality(ids), 0) LOOP

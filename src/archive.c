@@ -161,7 +161,7 @@ StartArchiving(MemoryContext context, Oid rowtype)
 	a->mtstate->resultRelInfo = a->root;
 	a->mtstate->rootResultRelInfo = a->root;
 	a->proute = ExecSetupPartitionTupleRouting(a->estate, a->archive);
-	a->slot = table_slot_create(a->archive, NULL);
+	a->slot = MakeSingleTupleTableSlot(RelationGetDescr(a->archive), &TTSOpsVirtual);
 	a->batchsize = 4;
 	a->batches = palloc(sizeof(ArchiveBatch) * a->batchsize);
 	MemoryContextSwitchTo(old);
