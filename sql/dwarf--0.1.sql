@@ -1524,10 +1524,12 @@ BEGIN
 	 * now: without statistics (the correlation of id with the rows'
 	 * places), the planner reckons a block-range index no better than
 	 * reading the whole partition, and a new day's reads would do so until
-	 * autovacuum first analyzed it.
+	 * autovacuum first analyzed it.  A partition whose index by id is of
+	 * another kind (made by hand) is left alone.
 	 */
 	FOR i IN 1 .. cardinality(parts) LOOP
-		CONTINUE WHEN to_regclass(parts[i] || '_id') IS NULL;
+		CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_am a ON a.oid = c.relam
+								   WHERE c.oid = to_regclass(parts[i] || '_id') AND a.amname = 'brin');
 		PERFORM pg_catalog.brin_summarize_range((parts[i] || '_id')::regclass, r * 32)
 		   FROM generate_series(parts_from[i], pg_relation_size(parts[i]) / 8192 / 32 - 1) r;
 		IF (SELECT c.reltuples < 0 FROM pg_class c WHERE c.oid = parts[i]::regclass) THEN
