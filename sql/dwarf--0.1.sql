@@ -1345,6 +1345,7 @@ DECLARE
 	segs_deferred text[] := '{}';
 	segs_replaced text[] := '{}';
 	lock_timeout text;
+	wal_compression text;	/* the session's, set back after the moves */
 	more		boolean := false;
 	d			record;
 	g			record;
@@ -1486,6 +1487,26 @@ BEGIN
 	 * in pg_subtrans while it runs: bench/README.md's soaks with a pass
 	 * every minute measured no loss of throughput from it.
 	 */
+	/*
+	 * The moves' full-page images compressed (lz4, else pglz), unless the
+	 * server compresses them already: a flow page's first change after a
+	 * checkpoint logs the whole page, and under load, with a checkpoint
+	 * every few seconds, those images are most of what a pass writes.  For
+	 * the pass only, set back at its end; a superuser's setting, so an
+	 * owner that is not one leaves it as it is.
+	 */
+	wal_compression := current_setting('wal_compression');
+	IF NOT dry_run AND wal_compression = 'off' THEN
+		BEGIN
+			PERFORM set_config('wal_compression', 'lz4', true);
+		EXCEPTION WHEN invalid_parameter_value OR insufficient_privilege THEN
+			BEGIN
+				PERFORM set_config('wal_compression', 'pglz', true);
+			EXCEPTION WHEN insufficient_privilege THEN
+				NULL;
+			END;
+		END;
+	END IF;
 	i := 1;
 	WHILE NOT dry_run AND i <= coalesce(cardinality(ids), 0) LOOP
 		IF clock_timestamp() - started > budget THEN
@@ -1893,6 +1914,9 @@ BEGIN
 	DELETE FROM dwarf.maintain_log
 	 WHERE started_at < (SELECT l.started_at FROM dwarf.maintain_log l
 						  ORDER BY l.started_at DESC OFFSET 999 LIMIT 1);
+	IF current_setting('wal_compression') <> wal_compression THEN
+		PERFORM set_config('wal_compression', wal_compression, true);
+	END IF;
 	RETURN result;
 END
 $$;

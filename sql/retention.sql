@@ -280,7 +280,11 @@ SELECT (jsonb_populate_record(NULL::dwarf.flow, to_jsonb(t) || jsonb_build_objec
 		'finished_at', t.finished_at - interval '1 day'))).*
   FROM dwarf.flow_archive t, generate_series(4000, 1, -1) g
  WHERE t.id = (SELECT id FROM rt.flows WHERE name = 'plain');
+BEGIN;
 SELECT (r ->> 'moved_flows')::int AS moved FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
+-- (the pass compressed its full-page images, and set the session's setting back)
+SELECT current_setting('wal_compression') AS wal_compression_after;
+COMMIT;
 SELECT tableoid::regclass AS part FROM dwarf.flow_archive WHERE id = 800000000001 \gset
 SELECT count(DISTINCT tableoid) AS partitions,
 	   array_agg(id ORDER BY ctid) = array_agg(id ORDER BY id) AS in_id_order
