@@ -363,7 +363,10 @@ SELECT pg_catalog.pg_extension_config_dump('dwarf.segment', '');
 /*
  * Live and archived together, for every read that takes a flow or step id.
  * A flow is in exactly one of the two in any snapshot: dwarf.maintain moves
- * it in one transaction.
+ * it in one transaction.  A read of one flow by id says LIMIT 1: the live
+ * table comes first, and a live flow's read then stops there, never
+ * reading the archive's days (each finds an id through a block-range
+ * index, see dwarf_internal.make_archive_day).
  */
 CREATE VIEW dwarf.flow_all WITH (security_invoker = true) AS
 	SELECT * FROM dwarf.flow
@@ -809,7 +812,8 @@ BEGIN ATOMIC
 					  ORDER BY s.step_id),
 			   g.definition -> 'reducers'))
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id
-	 WHERE f.id = state_at.flow_id;
+	 WHERE f.id = state_at.flow_id
+	 LIMIT 1;
 END;
 COMMENT ON FUNCTION dwarf.state_at(bigint, bigint) IS
 	'A flow''s state (those steps before before_step, when given), as the worker computes it; while several branches run, the input with every committed step''s changes folded in, in commit order. '
@@ -834,7 +838,8 @@ BEGIN ATOMIC
 	  FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id,
 		   LATERAL (SELECT CASE WHEN f.status = 'failed'
 								THEN dwarf_internal.failed_step_error(f.id, f.error) END AS doc) e
-	 WHERE f.id = snapshot.flow_id;
+	 WHERE f.id = snapshot.flow_id
+	 LIMIT 1;
 END;
 COMMENT ON FUNCTION dwarf.snapshot(bigint) IS
 	'A flow''s status and state now (while it runs: its input with every committed step''s changes folded in); '
@@ -1188,9 +1193,11 @@ COMMENT ON FUNCTION dwarf_internal.archive_days(regclass) IS
  * the end of the pass), where a B-tree writes one for each flow (a fifth
  * of the move's WAL, bench/README.md "Issue 25, seventh session").  The
  * multi-minmax kind keeps a flow that closed long after its neighbours'
- * ids from widening its range.  A lookup reads the index whole and one
- * range's pages: 0.45 ms in a day of 2,000,000 flows, against 0.16 ms for
- * a B-tree.  Then B-trees, partial, for what dwarf.create's idempotency
+ * ids from widening its range.  A lookup reads the index whole and a
+ * range's pages: 0.56 ms in a day of 2,000,000 flows, against 0.03 ms for
+ * a B-tree (bench/archive-lookup.sh), which reads of archived flows pay
+ * in each day kept; a live flow's reads stop at dwarf.flow (see
+ * dwarf.flow_all).  Then B-trees, partial, for what dwarf.create's idempotency
  * key, dwarf.list's thread and a parent's children are looked up by.
  */
 CREATE FUNCTION dwarf_internal.make_archive_day(day date) RETURNS boolean

@@ -280,11 +280,22 @@ SELECT (jsonb_populate_record(NULL::dwarf.flow, to_jsonb(t) || jsonb_build_objec
 		'finished_at', t.finished_at - interval '1 day'))).*
   FROM dwarf.flow_archive t, generate_series(4000, 1, -1) g
  WHERE t.id = (SELECT id FROM rt.flows WHERE name = 'plain');
+-- (after a checkpoint, so that the pass's first change to each flow page
+-- logs the whole page: it compresses those images, and sets the session's
+-- setting back)
+CREATE EXTENSION pg_walinspect;
+CHECKPOINT;
+SELECT pg_current_wal_lsn() AS lsn0 \gset
 BEGIN;
 SELECT (r ->> 'moved_flows')::int AS moved FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
--- (the pass compressed its full-page images, and set the session's setting back)
 SELECT current_setting('wal_compression') AS wal_compression_after;
 COMMIT;
+SELECT count(*) > 0 AS flow_page_images,
+	   count(*) FILTER (WHERE block_ref !~ 'method: (lz4|pglz)') AS not_compressed
+  FROM pg_get_wal_records_info(:'lsn0', pg_current_wal_lsn())
+ WHERE resource_manager = 'Heap' AND record_type = 'DELETE' AND block_ref LIKE '%FPW%'
+   AND block_ref ~ format('/%s (fork main )?blk ', pg_relation_filenode('dwarf.flow'));
+DROP EXTENSION pg_walinspect;
 SELECT tableoid::regclass AS part FROM dwarf.flow_archive WHERE id = 800000000001 \gset
 SELECT count(DISTINCT tableoid) AS partitions,
 	   array_agg(id ORDER BY ctid) = array_agg(id ORDER BY id) AS in_id_order

@@ -440,7 +440,7 @@ dwarf_check_flow(PG_FUNCTION_ARGS)
 	bool		found;
 
 	Connect();
-	Exec("SELECT 1 FROM dwarf.flow_all WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	Exec("SELECT 1 FROM dwarf.flow_all WHERE id = $1 LIMIT 1", 1, types, args, NULL, SPI_OK_SELECT);
 	found = SPI_processed > 0;
 	SPI_finish();
 	if (!found)

@@ -54,7 +54,7 @@ VisibleFlowStatus(int64 flow_id)
 	Oid			types[1] = {INT8OID};
 	Datum		args[1] = {Int64GetDatum(flow_id)};
 
-	Exec("SELECT status FROM dwarf.flow_all WHERE id = $1", 1, types, args, NULL, SPI_OK_SELECT);
+	Exec("SELECT status FROM dwarf.flow_all WHERE id = $1 LIMIT 1", 1, types, args, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 		FlowNotFound(flow_id);
 	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
@@ -398,7 +398,7 @@ enum
 #define CONTINUED_FLOW_SQL \
 	"SELECT f.status, coalesce(f.thread, f.id::text), coalesce(f.state, f.input)," \
 	" g.name, f.priority, g.owner::oid" \
-	" FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1"
+	" FROM dwarf.flow_all f JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1 LIMIT 1"
 
 DWARF_FUNCTION(dwarf_continue);
 
@@ -697,7 +697,7 @@ enum
 };
 #define REPLAY_FLOW_SQL \
 	"SELECT g.definition, f.input, f.start_task FROM dwarf.flow_all f" \
-	" JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1"
+	" JOIN dwarf.graph g ON g.id = f.graph_id WHERE f.id = $1 LIMIT 1"
 
 DWARF_FUNCTION(dwarf_replay_state);
 
