@@ -265,7 +265,7 @@ RESET enable_seqscan;
 -- range of 32 pages they filled and leaves the last, still filling, alone;
 -- it analyzes the partition it made, and a lookup by id then reads the
 -- index and one range, with no planner setting.
-CREATE FUNCTION rt.plan_of(sql text, node text) RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE FUNCTION rt.plan(sql text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
 	line text;
 	plan text := '';
@@ -273,8 +273,10 @@ BEGIN
 	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || sql LOOP
 		plan := plan || line || E'\n';
 	END LOOP;
-	RETURN strpos(plan, node) > 0 AND plan NOT LIKE '%Seq Scan%';
+	RETURN plan;
 END $$;
+CREATE FUNCTION rt.plan_of(sql text, node text) RETURNS boolean LANGUAGE sql AS
+	$$ SELECT strpos(p, node) > 0 AND p NOT LIKE '%Seq Scan%' FROM rt.plan(sql) p $$;
 INSERT INTO dwarf.flow
 SELECT (jsonb_populate_record(NULL::dwarf.flow, to_jsonb(t) || jsonb_build_object('id', 800000000000 + g,
 		'finished_at', t.finished_at - interval '1 day'))).*
@@ -368,16 +370,8 @@ SELECT status, state, steps FROM dwarf.snapshot((SELECT id FROM rt.flows WHERE n
 -- each day partition and each segment has its own indexes, which the reads
 -- of an archived flow use (with sequential scans off, as
 -- dwarf_internal.flow_steps has them)
-CREATE FUNCTION rt.uses_index(sql text) RETURNS boolean LANGUAGE plpgsql AS $$
-DECLARE
-	line text;
-	plan text := '';
-BEGIN
-	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || sql LOOP
-		plan := plan || line || E'\n';
-	END LOOP;
-	RETURN plan LIKE '%Index%' AND plan NOT LIKE '%Seq Scan%';
-END $$;
+CREATE FUNCTION rt.uses_index(sql text) RETURNS boolean LANGUAGE sql AS
+	$$ SELECT p LIKE '%Index%' AND p NOT LIKE '%Seq Scan%' FROM rt.plan(sql) p $$;
 SET enable_seqscan = off;
 SELECT rt.uses_index(format('SELECT * FROM dwarf.flow_all WHERE id = %s', f.id)) AS by_id,
 	   rt.uses_index(format('SELECT * FROM dwarf.step_archive WHERE flow_id = %s', f.id)) AS its_steps,
