@@ -1352,7 +1352,7 @@ DECLARE
 	segs_deferred text[] := '{}';
 	segs_replaced text[] := '{}';
 	lock_timeout text;
-	wal_compression text;	/* the session's, set back after the moves */
+	wal_compression text;	/* the session's, set back at the pass's end */
 	more		boolean := false;
 	d			record;
 	g			record;
@@ -1479,23 +1479,7 @@ BEGIN
 	END LOOP;
 
 	/*
-	 * Flow rows are moved in chunks, in one statement each: a plain
-	 * DELETE, which writes no lock of its own for each row as FOR UPDATE
-	 * would (a tenth of the move's WAL), whose rows the aggregate
-	 * dwarf_internal.archive writes into the archive a heap page to a WAL
-	 * record, as COPY does (an INSERT would log each row apart).  A row
-	 * that someone else holds (dwarf.delete, dwarf.continue in an open
-	 * transaction) makes it wait, half a second at most; then the chunk
-	 * goes again skipping the rows held, which the next pass takes.  A row
-	 * that changed meanwhile is read again: one that is open again, or
-	 * gone, stays.  Each chunk is a subtransaction (the exception block);
-	 * past 64 of them the pass's process no longer lists them all in
-	 * shared memory, and other sessions' snapshots look its rows' xids up
-	 * in pg_subtrans while it runs: bench/README.md's soaks with a pass
-	 * every minute measured no loss of throughput from it.
-	 */
-	/*
-	 * The moves' full-page images compressed (lz4, else pglz), unless the
+	 * The pass's full-page images compressed (lz4, else pglz), unless the
 	 * server compresses them already: a flow page's first change after a
 	 * checkpoint logs the whole page, and under load, with a checkpoint
 	 * every few seconds, those images are most of what a pass writes.  For
@@ -1514,6 +1498,23 @@ BEGIN
 			END;
 		END;
 	END IF;
+
+	/*
+	 * Flow rows are moved in chunks, in one statement each: a plain
+	 * DELETE, which writes no lock of its own for each row as FOR UPDATE
+	 * would (a tenth of the move's WAL), whose rows the aggregate
+	 * dwarf_internal.archive writes into the archive a heap page to a WAL
+	 * record, as COPY does (an INSERT would log each row apart).  A row
+	 * that someone else holds (dwarf.delete, dwarf.continue in an open
+	 * transaction) makes it wait, half a second at most; then the chunk
+	 * goes again skipping the rows held, which the next pass takes.  A row
+	 * that changed meanwhile is read again: one that is open again, or
+	 * gone, stays.  Each chunk is a subtransaction (the exception block);
+	 * past 64 of them the pass's process no longer lists them all in
+	 * shared memory, and other sessions' snapshots look its rows' xids up
+	 * in pg_subtrans while it runs: bench/README.md's soaks with a pass
+	 * every minute measured no loss of throughput from it.
+	 */
 	i := 1;
 	WHILE NOT dry_run AND i <= coalesce(cardinality(ids), 0) LOOP
 		IF clock_timestamp() - started > budget THEN
