@@ -365,8 +365,9 @@ SELECT pg_catalog.pg_extension_config_dump('dwarf.segment', '');
  * A flow is in exactly one of the two in any snapshot: dwarf.maintain moves
  * it in one transaction.  A read of one flow by id says LIMIT 1: the live
  * table comes first, and a live flow's read then stops there, never
- * reading the archive's days (each finds an id through a block-range
- * index, see dwarf_internal.make_archive_day).
+ * reading the archive's days (a day finds an id through a block-range
+ * index until a pass gives it a B-tree, see
+ * dwarf_internal.make_archive_day).
  */
 CREATE VIEW dwarf.flow_all WITH (security_invoker = true) AS
 	SELECT * FROM dwarf.flow
@@ -1195,8 +1196,9 @@ COMMENT ON FUNCTION dwarf_internal.archive_days(regclass) IS
  * multi-minmax kind keeps a flow that closed long after its neighbours'
  * ids from widening its range.  A lookup reads the index whole and a
  * range's pages: 0.56 ms in a day of 2,000,000 flows, against 0.03 ms for
- * a B-tree (bench/archive-lookup.sh), which reads of archived flows pay
- * in each day kept; a live flow's reads stop at dwarf.flow (see
+ * a B-tree (bench/archive-lookup.sh), so once the day has passed, when
+ * few rows still come, a pass builds it a B-tree by id as well (see
+ * maintain_at); a live flow's reads stop at dwarf.flow (see
  * dwarf.flow_all).  Then B-trees, partial, for what dwarf.create's idempotency
  * key, dwarf.list's thread and a parent's children are looked up by.
  */
@@ -1346,6 +1348,7 @@ DECLARE
 	made		text[] := '{}';
 	dropped		text[] := '{}';
 	deferred	text[] := '{}';
+	indexed		text[] := '{}';	/* the day given its B-tree by id (one at most) */
 	segs_made	text[] := '{}';
 	segs_archived text[] := '{}';
 	segs_dropped text[] := '{}';
@@ -1441,6 +1444,63 @@ BEGIN
 	END LOOP;
 
 	/*
+	 * The pass's full-page images compressed (lz4, else pglz), unless the
+	 * server compresses them already: a flow page's first change after a
+	 * checkpoint logs the whole page, and under load, with a checkpoint
+	 * every few seconds, those images are most of what a pass writes (and
+	 * a B-tree's build, below, logs nothing else).  For
+	 * the pass only, set back at its end; a superuser's setting, so an
+	 * owner that is not one leaves it as it is.
+	 */
+	wal_compression := current_setting('wal_compression');
+	IF NOT dry_run AND wal_compression = 'off' THEN
+		BEGIN
+			PERFORM set_config('wal_compression', 'lz4', true);
+		EXCEPTION WHEN invalid_parameter_value OR insufficient_privilege THEN
+			BEGIN
+				PERFORM set_config('wal_compression', 'pglz', true);
+			EXCEPTION WHEN insufficient_privilege THEN
+				NULL;
+			END;
+		END;
+	END IF;
+
+	/*
+	 * The oldest day whose flows have all been old enough to move since
+	 * before this pass's cutoff, and whose index by id is still the
+	 * block-range index its moves were written with (see
+	 * make_archive_day), gets a B-tree by id, built at once: a page to a
+	 * WAL record (compressed, above), where the same index there from the
+	 * start would have logged a record for each flow.  Each read of the
+	 * day then finds a flow in a few pages, where the block-range index
+	 * reads itself whole.  The few rows later passes still move into the
+	 * day go into both.  One day a pass, so that the first pass after an
+	 * upgrade or a stop of days stays short; a day someone holds a lock on
+	 * (a purge) is waited for half a second at most, else left to the next
+	 * pass.
+	 */
+	IF NOT dry_run THEN
+		SELECT a.day, c.relname INTO d
+		  FROM dwarf_internal.archive_days('dwarf.flow_archive') a
+		  JOIN pg_class c ON c.oid = a.partition
+		 WHERE a.day >= expired_before AND a.day < (cutoff AT TIME ZONE 'UTC')::date
+		   AND to_regclass(format('dwarf.%I', c.relname || '_id_btree')) IS NULL
+		   AND EXISTS (SELECT 1 FROM pg_class i JOIN pg_am m ON m.oid = i.relam
+						WHERE i.oid = to_regclass(format('dwarf.%I', c.relname || '_id')) AND m.amname = 'brin')
+		 ORDER BY a.day LIMIT 1;
+		IF FOUND THEN
+			BEGIN
+				PERFORM set_config('lock_timeout', '500ms', true);
+				EXECUTE format('CREATE INDEX %I ON dwarf.%I (id)', d.relname || '_id_btree', d.relname);
+				indexed := indexed || to_char(d.day, 'YYYY-MM-DD');
+			EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+				NULL;
+			END;
+			PERFORM set_config('lock_timeout', lock_timeout, true);
+		END IF;
+	END IF;
+
+	/*
 	 * Closed flows old enough, oldest first.  A closed child whose parent
 	 * still runs stays: the parent's waiting task looks it up again in the
 	 * live table when it runs again.
@@ -1477,27 +1537,6 @@ BEGIN
 			parts_from := parts_from || (pg_relation_size(parts[cardinality(parts)]) / 8192 / 32);
 		END IF;
 	END LOOP;
-
-	/*
-	 * The pass's full-page images compressed (lz4, else pglz), unless the
-	 * server compresses them already: a flow page's first change after a
-	 * checkpoint logs the whole page, and under load, with a checkpoint
-	 * every few seconds, those images are most of what a pass writes.  For
-	 * the pass only, set back at its end; a superuser's setting, so an
-	 * owner that is not one leaves it as it is.
-	 */
-	wal_compression := current_setting('wal_compression');
-	IF NOT dry_run AND wal_compression = 'off' THEN
-		BEGIN
-			PERFORM set_config('wal_compression', 'lz4', true);
-		EXCEPTION WHEN invalid_parameter_value OR insufficient_privilege THEN
-			BEGIN
-				PERFORM set_config('wal_compression', 'pglz', true);
-			EXCEPTION WHEN insufficient_privilege THEN
-				NULL;
-			END;
-		END;
-	END IF;
 
 	/*
 	 * Flow rows are moved in chunks, in one statement each: a plain
@@ -1907,6 +1946,7 @@ BEGIN
 		'days_made', to_jsonb(made),
 		'days_dropped', to_jsonb(dropped),
 		'days_left_for_next_pass', to_jsonb(deferred),
+		'days_indexed', to_jsonb(indexed),
 		'segments_made', to_jsonb(segs_made),
 		'segments_archived', to_jsonb(segs_archived),
 		'segments_dropped', to_jsonb(segs_dropped),
