@@ -1477,7 +1477,9 @@ BEGIN
 	 * day go into both.  One day a pass, so that the first pass after an
 	 * upgrade or a stop of days stays short; a day someone holds a lock on
 	 * (a purge) is waited for half a second at most, else left to the next
-	 * pass.
+	 * pass.  A build that fails otherwise (no room for its sort) is a
+	 * warning, not the pass's failure: the moves go on, and the next pass
+	 * tries again.
 	 */
 	IF NOT dry_run THEN
 		SELECT a.day, c.relname INTO d
@@ -1493,8 +1495,13 @@ BEGIN
 				PERFORM set_config('lock_timeout', '500ms', true);
 				EXECUTE format('CREATE INDEX %I ON dwarf.%I (id)', d.relname || '_id_btree', d.relname);
 				indexed := indexed || to_char(d.day, 'YYYY-MM-DD');
-			EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-				NULL;
+			EXCEPTION
+				WHEN lock_not_available OR deadlock_detected THEN
+					NULL;
+				WHEN OTHERS THEN
+					RAISE WARNING 'dwarf.maintain built no B-tree by id for an archive day: %', SQLERRM
+						USING DETAIL = format('The day is %s, partition dwarf.%I.', d.day, d.relname),
+							  HINT = 'The next pass tries again; reads of that day go through its block-range index meanwhile.';
 			END;
 			PERFORM set_config('lock_timeout', lock_timeout, true);
 		END IF;
