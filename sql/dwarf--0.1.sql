@@ -1448,9 +1448,9 @@ BEGIN
 	 * server compresses them already: a flow page's first change after a
 	 * checkpoint logs the whole page, and under load, with a checkpoint
 	 * every few seconds, those images are most of what a pass writes (and
-	 * a B-tree's build, below, logs nothing else).  For
-	 * the pass only, set back at its end; a superuser's setting, so an
-	 * owner that is not one leaves it as it is.
+	 * all that a day's B-tree's build, below, writes).  For the pass only,
+	 * set back at its end; a superuser's setting, so an owner that is not
+	 * one leaves it as it is.
 	 */
 	wal_compression := current_setting('wal_compression');
 	IF NOT dry_run AND wal_compression = 'off' THEN
