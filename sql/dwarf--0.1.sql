@@ -1479,32 +1479,32 @@ BEGIN
 	 * (a purge) is waited for half a second at most, else left to the next
 	 * pass.  A build that fails otherwise (no room for its sort) is a
 	 * warning, not the pass's failure: the moves go on, and the next pass
-	 * tries again.
+	 * tries again.  A dry run names the day and builds nothing.
 	 */
-	IF NOT dry_run THEN
-		SELECT a.day, c.relname INTO d
-		  FROM dwarf_internal.archive_days('dwarf.flow_archive') a
-		  JOIN pg_class c ON c.oid = a.partition
-		 WHERE a.day >= expired_before AND a.day < (cutoff AT TIME ZONE 'UTC')::date
-		   AND to_regclass(format('dwarf.%I', c.relname || '_id_btree')) IS NULL
-		   AND EXISTS (SELECT 1 FROM pg_class i JOIN pg_am m ON m.oid = i.relam
-						WHERE i.oid = to_regclass(format('dwarf.%I', c.relname || '_id')) AND m.amname = 'brin')
-		 ORDER BY a.day LIMIT 1;
-		IF FOUND THEN
-			BEGIN
-				PERFORM set_config('lock_timeout', '500ms', true);
-				EXECUTE format('CREATE INDEX %I ON dwarf.%I (id)', d.relname || '_id_btree', d.relname);
-				indexed := indexed || to_char(d.day, 'YYYY-MM-DD');
-			EXCEPTION
-				WHEN lock_not_available OR deadlock_detected THEN
-					NULL;
-				WHEN OTHERS THEN
-					RAISE WARNING 'dwarf.maintain built no B-tree by id for an archive day: %', SQLERRM
-						USING DETAIL = format('The day is %s, partition dwarf.%I.', d.day, d.relname),
-							  HINT = 'The next pass tries again; reads of that day go through its block-range index meanwhile.';
-			END;
-			PERFORM set_config('lock_timeout', lock_timeout, true);
-		END IF;
+	SELECT a.day, c.relname INTO d
+	  FROM dwarf_internal.archive_days('dwarf.flow_archive') a
+	  JOIN pg_class c ON c.oid = a.partition
+	 WHERE a.day >= expired_before AND a.day < (cutoff AT TIME ZONE 'UTC')::date
+	   AND to_regclass(format('dwarf.%I', c.relname || '_id_btree')) IS NULL
+	   AND EXISTS (SELECT 1 FROM pg_class i JOIN pg_am m ON m.oid = i.relam
+					WHERE i.oid = to_regclass(format('dwarf.%I', c.relname || '_id')) AND m.amname = 'brin')
+	 ORDER BY a.day LIMIT 1;
+	IF FOUND AND dry_run THEN
+		indexed := indexed || to_char(d.day, 'YYYY-MM-DD');
+	ELSIF FOUND THEN
+		BEGIN
+			PERFORM set_config('lock_timeout', '500ms', true);
+			EXECUTE format('CREATE INDEX %I ON dwarf.%I (id)', d.relname || '_id_btree', d.relname);
+			indexed := indexed || to_char(d.day, 'YYYY-MM-DD');
+		EXCEPTION
+			WHEN lock_not_available OR deadlock_detected THEN
+				NULL;
+			WHEN OTHERS THEN
+				RAISE WARNING 'dwarf.maintain built no B-tree by id for an archive day: %', SQLERRM
+					USING DETAIL = format('The day is %s, partition dwarf.%I.', d.day, d.relname),
+						  HINT = 'The next pass tries again; reads of that day go through its block-range index meanwhile.';
+		END;
+		PERFORM set_config('lock_timeout', lock_timeout, true);
 	END IF;
 
 	/*
@@ -1934,6 +1934,7 @@ BEGIN
 			'partitions_dropped', cardinality(dropped),
 			'days_made', to_jsonb(made),
 			'days_dropped', to_jsonb(dropped),
+			'days_indexed', to_jsonb(indexed),
 			'flows_in_days_dropped', dropped_flows,
 			'segments_archived', to_jsonb(segs_archived),
 			'segments_dropped', to_jsonb(segs_dropped),

@@ -330,6 +330,9 @@ SELECT r -> 'days_indexed' AS refused, r ? 'moved_flows' AS went_on
   FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
 SELECT to_regclass(:'part' || '_id_btree') IS NULL AS not_built;
 DROP EVENT TRIGGER rt_refuse_id_btree;
+SELECT r -> 'days_indexed' = jsonb_build_array(:'day') AS would_index,
+	   to_regclass(:'part' || '_id_btree') IS NULL AS not_built
+  FROM dwarf_internal.maintain_at(now() + interval '2 hours', dry_run => true) r;
 SELECT pg_current_wal_lsn() AS lsn1 \gset
 SELECT r -> 'days_indexed' = jsonb_build_array(:'day') AS indexed_that_day
   FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
