@@ -210,7 +210,22 @@ BEGIN
 		END IF;
 		SELECT count(*) INTO nsteps FROM dwarf.history(fid);
 		IF nsteps <> 3 THEN
-			RAISE EXCEPTION 'dwarf.history(%) has % steps', fid, nsteps;
+			-- where the flow's rows are: through the parents (pruned to the
+			-- partition that covers the id) and in the default partition
+			-- read directly, where a row routed by a stale descriptor would be
+			RAISE EXCEPTION 'dwarf.history(%) has % steps', fid, nsteps
+			  USING DETAIL = format('rows: %s; the segment of the id: %s', (
+				SELECT string_agg(format('%s %s', x.part, x.n), ', ') FROM (
+				  SELECT l.tableoid::regclass::text AS part, count(*) AS n
+				    FROM dwarf.step_log l WHERE l.flow_id = fid GROUP BY 1
+				  UNION ALL
+				  SELECT a.tableoid::regclass::text, count(*)
+				    FROM dwarf.step_log_archive a WHERE a.flow_id = fid GROUP BY 1
+				  UNION ALL
+				  SELECT 'dwarf.step_default read directly', count(*)
+				    FROM dwarf.step_default d WHERE d.flow_id = fid) x),
+				(SELECT format('%s (live %s)', g.relation, g.live)
+				   FROM dwarf.segment g WHERE fid >= g.lo AND fid < g.hi));
 		END IF;
 
 		CASE i % 3
