@@ -495,10 +495,12 @@ InsertSlot(RowTable *t)
  * to dwarf.batch_time later, and a dwarf.maintain pass may attach a
  * segment in between (its lock on the parent does not wait for the
  * batch's) and send its invalidations after the batch's lock was taken,
- * which a batch that takes no new lock would not read.  They are read
- * here, so that the routing finds the segment that holds each flow now
- * rather than the default partition, whose constraint would refuse the
- * pack and roll the batch back.
+ * which a batch that takes no new lock would not read.  (A batch that
+ * loads a flow reads dwarf.step, whose lock on the default partition
+ * waits for the pass and reads them then; this covers a batch that does
+ * not.)  They are read here, so that the routing finds the segment that
+ * holds each flow now rather than the default partition, whose
+ * constraint would refuse the pack and roll the batch back.
  */
 static void
 SetUpRouting(void)
