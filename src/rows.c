@@ -489,18 +489,6 @@ InsertSlot(RowTable *t)
  * partition whose columns are laid out otherwise, and re-checks the default
  * partition's constraint (a partition attached concurrently).  The parent
  * is locked RowExclusiveLock (OpenTable) before its descriptor is read.
- *
- * The descriptor is read as of now, not as of that lock: a batch opens
- * dwarf.step_log with its first step and writes the packs at its end, up
- * to dwarf.batch_time later, and a dwarf.maintain pass may attach a
- * segment in between (its lock on the parent does not wait for the
- * batch's) and send its invalidations after the batch's lock was taken,
- * which a batch that takes no new lock would not read.  (A batch that
- * loads a flow reads dwarf.step, whose lock on the default partition
- * waits for the pass and reads them then; this covers a batch that does
- * not.)  They are read here, so that the routing finds the segment that
- * holds each flow now rather than the default partition, whose
- * constraint would refuse the pack and roll the batch back.
  */
 static void
 SetUpRouting(void)
@@ -508,7 +496,6 @@ SetUpRouting(void)
 	MemoryContext old = MemoryContextSwitchTo(RowsState->es_query_cxt);
 	ResourceOwner owner = CurrentResourceOwner;
 
-	AcceptInvalidationMessages();
 	CurrentResourceOwner = TopTransactionResourceOwner;
 	StepsRoutingState = makeNode(ModifyTableState);
 	StepsRoutingState->ps.plan = NULL;
