@@ -11,6 +11,7 @@ OBJS = \
 	src/intake.o \
 	src/request.o \
 	src/rows.o \
+	src/partitions.o \
 	src/step.o \
 	src/session.o \
 	src/lend.o \
@@ -72,4 +73,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h src/rows.h src/limits.h src/stats.h
+$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h src/rows.h src/limits.h src/stats.h src/partitions.h

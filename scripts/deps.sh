@@ -20,6 +20,7 @@ PACKAGES=(
 	gcc
 	make
 	binutils
+	gdb
 	python3
 	python3-psycopg2
 	gnuplot-nox

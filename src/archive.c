@@ -38,6 +38,7 @@
 #include "utils/typcache.h"
 
 #include "dwarf.h"
+#include "partitions.h"
 
 #define ARCHIVE_BATCH_ROWS	1000
 #define ARCHIVE_BATCH_BYTES (8 * 1024 * 1024)
@@ -160,6 +161,7 @@ StartArchiving(MemoryContext context, Oid rowtype)
 	a->mtstate->mt_nrels = 1;
 	a->mtstate->resultRelInfo = a->root;
 	a->mtstate->rootResultRelInfo = a->root;
+	FreshPartitionDesc(a->archive);
 	a->proute = ExecSetupPartitionTupleRouting(a->estate, a->archive);
 	a->slot = MakeSingleTupleTableSlot(RelationGetDescr(a->archive), &TTSOpsVirtual);
 	a->batchsize = 4;

@@ -30,6 +30,7 @@
 #include "flows.h"
 #include "offers.h"
 #include "limits.h"
+#include "partitions.h"
 #include "stats.h"
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
@@ -446,6 +447,7 @@ _PG_init(void)
 	shmem_startup_hook = dwarf_shmem_startup;
 	prev_process_utility_hook = ProcessUtility_hook;
 	ProcessUtility_hook = dwarf_process_utility;
+	PartitionsInit();
 
 	DwarfRegisterLauncher();
 }

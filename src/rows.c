@@ -61,6 +61,7 @@
 
 #include "dwarf.h"
 #include "json.h"
+#include "partitions.h"
 #include "rows.h"
 
 /*
@@ -488,7 +489,10 @@ InsertSlot(RowTable *t)
  * once with its indexes as a result relation, converts a row for a
  * partition whose columns are laid out otherwise, and re-checks the default
  * partition's constraint (a partition attached concurrently).  The parent
- * is locked RowExclusiveLock (OpenTable) before its descriptor is read.
+ * is locked RowExclusiveLock (OpenTable) before its descriptor is read,
+ * which is built anew if the one kept may have been built while a segment
+ * was attached (FreshPartitionDesc: such a one would send the steps of the
+ * segment's flows to the default partition).
  */
 static void
 SetUpRouting(void)
@@ -497,6 +501,7 @@ SetUpRouting(void)
 	ResourceOwner owner = CurrentResourceOwner;
 
 	CurrentResourceOwner = TopTransactionResourceOwner;
+	FreshPartitionDesc(Steps.rel);
 	StepsRoutingState = makeNode(ModifyTableState);
 	StepsRoutingState->ps.plan = NULL;
 	StepsRoutingState->ps.state = RowsState;
