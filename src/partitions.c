@@ -35,10 +35,11 @@
  *	  A descriptor built while an invalidation was read serves at most the
  *	  statement that built it, which ran concurrently with the change, as
  *	  any statement concurrent with an ATTACH PARTITION may.
- *  - A batch about to route steps (FreshPartitionDesc, from rows.c) builds
- *	  the step log's descriptor first, and builds it again until no
- *	  invalidation was read while it did: it routes by the segments as they
- *	  were after the last change it heard of.  A segment attached later is
+ *  - A batch about to route steps (FreshPartitionDesc, from rows.c; and
+ *	  archive.c's routing of flow rows into their days) builds the table's
+ *	  descriptor first, and builds it again until no invalidation was read
+ *	  while it did: it routes by the partitions as they were after the last
+ *	  change it heard of.  A segment attached later is
  *	  the executor's own case: the attach waits for a batch that holds the
  *	  default partition, and the default partition's constraint refuses a
  *	  step that the segment would hold.
