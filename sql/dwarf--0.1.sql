@@ -1182,6 +1182,23 @@ COMMENT ON FUNCTION dwarf_internal.archive_days(regclass) IS
 	'The day partitions of dwarf.flow_archive or dwarf.step_log_archive, oldest first';
 
 /*
+ * Whether an archive day's index by id is a block-range index, as
+ * make_archive_day makes it: dwarf.maintain summarizes such an index and
+ * gives the day a B-tree by id once it has passed, and leaves alone an
+ * index by id of another kind (made by hand).  NULL (no such index): false.
+ */
+CREATE FUNCTION dwarf_internal.is_brin(index regclass) RETURNS boolean
+	LANGUAGE sql STABLE
+	SET search_path = pg_catalog, pg_temp
+	AS $$
+	SELECT EXISTS (SELECT 1 FROM pg_class i JOIN pg_am m ON m.oid = i.relam
+					WHERE i.oid = is_brin.index AND m.amname = 'brin')
+$$;
+REVOKE ALL ON FUNCTION dwarf_internal.is_brin(regclass) FROM PUBLIC;
+COMMENT ON FUNCTION dwarf_internal.is_brin(regclass) IS
+	'For dwarf.maintain: whether an archive day''s index by id is a block-range index (false for none)';
+
+/*
  * Makes the partition of one day (UTC) of dwarf.flow_archive, unless it
  * exists; true when it made it.  It is made as a table of its own, with its
  * indexes, and then attached, which locks the parent only against other
@@ -1486,8 +1503,7 @@ BEGIN
 	  JOIN pg_class c ON c.oid = a.partition
 	 WHERE a.day >= expired_before AND a.day < (cutoff AT TIME ZONE 'UTC')::date
 	   AND to_regclass(format('dwarf.%I', c.relname || '_id_btree')) IS NULL
-	   AND EXISTS (SELECT 1 FROM pg_class i JOIN pg_am m ON m.oid = i.relam
-					WHERE i.oid = to_regclass(format('dwarf.%I', c.relname || '_id')) AND m.amname = 'brin')
+	   AND dwarf_internal.is_brin(to_regclass(format('dwarf.%I', c.relname || '_id')))
 	 ORDER BY a.day LIMIT 1;
 	IF FOUND AND dry_run THEN
 		indexed := indexed || to_char(d.day, 'YYYY-MM-DD');
@@ -1603,8 +1619,7 @@ BEGIN
 	 * another kind (made by hand) is left alone.
 	 */
 	FOR i IN 1 .. cardinality(parts) LOOP
-		CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_am a ON a.oid = c.relam
-								   WHERE c.oid = to_regclass(parts[i] || '_id') AND a.amname = 'brin');
+		CONTINUE WHEN NOT dwarf_internal.is_brin(to_regclass(parts[i] || '_id'));
 		PERFORM pg_catalog.brin_summarize_range((parts[i] || '_id')::regclass, r * 32)
 		   FROM generate_series(parts_from[i], pg_relation_size(parts[i]) / 8192 / 32 - 1) r;
 		IF (SELECT c.reltuples < 0 FROM pg_class c WHERE c.oid = parts[i]::regclass) THEN

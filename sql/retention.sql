@@ -347,6 +347,10 @@ SELECT count(*) > 0 AS index_page_images,
   FROM pg_get_wal_records_info(:'lsn1', pg_current_wal_lsn())
  WHERE block_ref ~ format('/%s (fork main )?blk ', pg_relation_filenode(:'part' || '_id_btree'));
 DROP EXTENSION pg_walinspect;
+-- what tells a pass which days' index by id is its own block-range index
+SELECT dwarf_internal.is_brin((:'part' || '_id')::regclass) AS id_is_brin,
+	   dwarf_internal.is_brin((:'part' || '_id_btree')::regclass) AS btree_is_not,
+	   dwarf_internal.is_brin(NULL) AS none_is_not;
 SELECT NOT r -> 'days_indexed' ? :'day' AS not_again
   FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
 DROP TABLE :part;
