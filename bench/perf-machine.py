@@ -1,6 +1,6 @@
 # Where the whole machine's time goes during a load, from a system-wide perf
-# profile: each sample is counted by process kind (pgbench, idle, or a
-# postgres process), by where it was (user space, a system call, named by
+# profile: each sample is counted by process kind (pgbench, idle, a
+# postgres process, or other: kernel threads, perf), by where it was (user space, a system call, named by
 # its __x64_sys_ frame, a page fault, or other kernel work), and by the
 # first of the FUNCS named that is on its stack, leaf first.  --under FUNC
 # splits the samples whose stack holds FUNC by the frame just below it.
@@ -59,7 +59,7 @@ def main():
     n = 0
     for comm, frames in read_samples(path):
         n += 1
-        kind = comm if comm in ('pgbench', 'swapper') else 'postgres'
+        kind = comm if comm in ('pgbench', 'swapper', 'postgres') else 'other'
         w = where(comm, frames)
         by_where[(kind, w)] += 1
         by_func[(kind, w, next((f for f in frames if f in funcs), '-'))] += 1

@@ -2,8 +2,8 @@
 # What a dwarf.run costs the machine, and what the "12x the ceiling at 32
 # clients" target lets it cost.  Starts its own server for each round (a
 # fresh cluster, so that no round inherits the last one's tables or
-# autovacuum), then runs, each for SECONDS s under pgbench -M prepared at
-# CLIENTS clients, one after the other:
+# autovacuum), then runs, each for SECONDS_EACH s under pgbench -M
+# prepared at CLIENTS clients, one after the other:
 #   select1      SELECT 1: a bare round trip, the floor of any call
 #   reference    bench/pgbench/reference.sql: the one-row durable commit (the ceiling)
 #   run-1/10/20  dwarf.run of a linear flow of 1, 10 and 20 no-op steps
