@@ -192,8 +192,9 @@ COMMENT ON COLUMN dwarf.step.error IS
 
 /*
  * Privileges: anyone may read graphs; a role sees only the flows (and steps)
- * of roles whose privileges it has.  All writes go through the functions
- * below, which check ownership themselves.
+ * of roles whose privileges it has (the step log's policy is made with the
+ * archive's, below).  All writes go through the functions below, which
+ * check ownership themselves.
  */
 REVOKE ALL ON dwarf.graph, dwarf.flow, dwarf.step_log, dwarf.step, dwarf.step_default FROM PUBLIC;
 GRANT SELECT ON dwarf.graph, dwarf.flow, dwarf.step_log, dwarf.step TO PUBLIC;
@@ -201,8 +202,6 @@ ALTER TABLE dwarf.flow ENABLE ROW LEVEL SECURITY;
 ALTER TABLE dwarf.step_log ENABLE ROW LEVEL SECURITY;
 CREATE POLICY flow_owner ON dwarf.flow FOR SELECT
 	USING (pg_has_role(owner, 'USAGE'));
-CREATE POLICY step_owner ON dwarf.step_log FOR SELECT
-	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id));
 
 /*
  * A priority below 0 runs a flow's steps before every other role's, so it is
@@ -332,6 +331,17 @@ ALTER TABLE dwarf.flow_archive ENABLE ROW LEVEL SECURITY;
 ALTER TABLE dwarf.step_log_archive ENABLE ROW LEVEL SECURITY;
 CREATE POLICY flow_archive_owner ON dwarf.flow_archive FOR SELECT
 	USING (pg_has_role(owner, 'USAGE'));
+/*
+ * A flow's steps are its owner's to read wherever its row is: a pass of
+ * dwarf.maintain moves a closed flow's row to the archive long before its
+ * segment of the step log follows (a segment goes once all of its flows have
+ * closed), so the live step log's policy looks in the archive too.  The
+ * live table is looked at first: the archive is read only for the steps of
+ * a flow whose row has left it.
+ */
+CREATE POLICY step_owner ON dwarf.step_log FOR SELECT
+	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id)
+		   OR EXISTS (SELECT 1 FROM dwarf.flow_archive f WHERE f.id = flow_id));
 CREATE POLICY step_archive_owner ON dwarf.step_log_archive FOR SELECT
 	USING (EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = flow_id)
 		   OR EXISTS (SELECT 1 FROM dwarf.flow_archive f WHERE f.id = flow_id));
