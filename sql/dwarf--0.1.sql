@@ -677,28 +677,33 @@ COMMENT ON FUNCTION dwarf.sleep(interval) IS
 	'Inside a task: what follows this step runs only after the interval; the flow holds no worker meanwhile';
 
 /*
- * Named limits, shared by every graph and role of the database: a task
- * that names one ("limit": "openai", or {"name": "openai", "key":
- * "$.customer"} for a count per customer) has at most concurrency steps in
- * progress and at most rate starts per per.  The settings are rows here
- * (dumped with the database); the counts are in shared memory (limits.c).
- * A limit is its owner's, the role that set it first: only that role (or
- * one with its privileges) or a superuser may change or drop it.
+ * Named limits, a role's own like its graphs: a task that names one
+ * ("limit": "openai", or {"name": "openai", "key": "$.customer"} for a
+ * count per customer) has at most concurrency steps of its owner's flows in
+ * progress and at most rate starts per per.  "openai" is the flow owner's
+ * limit; "team.openai" is role team's, which only a graph whose definer has
+ * team's privileges may name.  The settings are rows here (dumped with the
+ * database), each visible to the roles with its owner's privileges; the
+ * counts are in shared memory (limits.c).
  */
 CREATE TABLE dwarf.limit (
-	name		text COLLATE "C" PRIMARY KEY
+	name		text COLLATE "C" NOT NULL
 				CHECK (name <> '' AND octet_length(name) < 64),
 	owner		regrole NOT NULL,
 	concurrency int CHECK (concurrency >= 0),
 	rate		int CHECK (rate >= 1),
 	per			interval NOT NULL DEFAULT '1 s' CHECK (per > '0'),
-	set_at		timestamptz NOT NULL DEFAULT now()
+	set_at		timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (owner, name)
 );
 COMMENT ON TABLE dwarf.limit IS
-	'Named limits, written by dwarf.set_limit(): at most concurrency steps of the tasks that name one in progress, '
-	'and at most rate starts per per (NULL: no bound)';
+	'Named limits, each its owner''s, written by dwarf.set_limit(): at most concurrency steps of the owner''s tasks '
+	'that name one in progress, and at most rate starts per per (NULL: no bound)';
 REVOKE ALL ON dwarf.limit FROM PUBLIC;
 GRANT SELECT ON dwarf.limit TO PUBLIC;
+ALTER TABLE dwarf.limit ENABLE ROW LEVEL SECURITY;
+CREATE POLICY limit_owner ON dwarf.limit FOR SELECT
+	USING (pg_has_role(owner, 'USAGE'));
 SELECT pg_catalog.pg_extension_config_dump('dwarf.limit', '');
 
 CREATE FUNCTION dwarf.set_limit(name text, concurrency int DEFAULT NULL, rate int DEFAULT NULL,
@@ -708,11 +713,10 @@ CREATE FUNCTION dwarf.set_limit(name text, concurrency int DEFAULT NULL, rate in
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_set_limit';
 COMMENT ON FUNCTION dwarf.set_limit(text, int, int, interval) IS
-	'Sets a named limit for the tasks that name it ("limit" in the graph): at most concurrency of their steps in '
-	'progress at once and at most rate starts per per, across every graph and role of the database (NULL: no bound; '
-	'lowered while more run, new steps wait until fewer do). With a key, each value of it has counts of its own. '
-	'A new limit is the caller''s; only its owner or a superuser may change it. A task whose limit is not set is '
-	'not limited';
+	'Sets the caller''s named limit (role.name: that role''s, with its privileges) for the tasks that name it '
+	'("limit" in the graph): at most concurrency of the steps of its flows in progress at once and at most rate '
+	'starts per per, across every graph (NULL: no bound; lowered while more run, new steps wait until fewer do). '
+	'With a key, each value of it has counts of its own. A task whose limit is not set is not limited';
 
 CREATE FUNCTION dwarf.drop_limit(name text)
 	RETURNS boolean
@@ -720,24 +724,26 @@ CREATE FUNCTION dwarf.drop_limit(name text)
 	SET search_path = pg_catalog, pg_temp
 	AS 'MODULE_PATHNAME', 'dwarf_drop_limit';
 COMMENT ON FUNCTION dwarf.drop_limit(text) IS
-	'Drops a named limit (its owner or a superuser only): the tasks that name it are no longer limited. '
-	'False when there was none';
+	'Drops the caller''s named limit (role.name: that role''s, with its privileges): the tasks that name it are '
+	'no longer limited, and its counts go once nothing is in progress under them. False when there was none';
 
-CREATE FUNCTION dwarf.limit_counts(OUT name text, OUT key text, OUT in_progress int)
+CREATE FUNCTION dwarf.limit_counts(OUT owner regrole, OUT name text, OUT key text, OUT in_progress int)
 	RETURNS SETOF record
 	LANGUAGE c STRICT
 	AS 'MODULE_PATHNAME', 'dwarf_limit_counts';
 COMMENT ON FUNCTION dwarf.limit_counts() IS
-	'The live counts of named limits in this database: steps in progress by limit and key (NULL: the limit''s own '
-	'count, also for a step whose key has no value); counts of names not set too';
+	'The live counts of the named limits of roles whose privileges you have, in this database: steps in progress '
+	'by owner, limit and key (NULL: the limit''s own count, also for a step whose key has no value); counts of '
+	'names not set too';
 
-CREATE VIEW dwarf.limits AS
+CREATE VIEW dwarf.limits WITH (security_invoker = true) AS
 	SELECT l.name, l.owner, l.concurrency, l.rate, l.per, c.key,
 		   coalesce(c.in_progress, 0) AS in_progress
 	  FROM dwarf.limit l
-	  LEFT JOIN dwarf.limit_counts() c ON c.name COLLATE "C" = l.name;
+	  LEFT JOIN dwarf.limit_counts() c ON c.owner = l.owner AND c.name COLLATE "C" = l.name;
 COMMENT ON VIEW dwarf.limits IS
-	'Each named limit with its settings and its steps in progress, a row per key counted';
+	'Each named limit of a role whose privileges you have, with its settings and its steps in progress, a row per '
+	'key counted';
 GRANT SELECT ON dwarf.limits TO PUBLIC;
 
 CREATE FUNCTION dwarf.interrupt(payload jsonb DEFAULT NULL) RETURNS jsonb

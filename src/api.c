@@ -43,6 +43,7 @@
 #include "flows.h"
 #include "request.h"
 #include "names.h"
+#include "limits.h"
 
 /* ---------- define ---------- */
 
@@ -56,6 +57,25 @@ dwarf_validate(PG_FUNCTION_ARGS)
 	Graph	   *graph = GraphParse(definition, CurrentMemoryContext, true);
 
 	PG_RETURN_JSONB_P(GraphNormalized(graph, definition));
+}
+
+/*
+ * A graph may name its definer's own limits, and those of roles whose
+ * privileges the definer has (role.name); any other is an error that names
+ * it (limits.c).
+ */
+static void
+CheckLimitsUsable(Graph *graph)
+{
+	int			i;
+
+	for (i = 0; i < graph->nnodes; i++)
+	{
+		const char *bare;
+
+		if (graph->nodes[i].limit != NULL)
+			(void) LimitCheckUse(GetUserId(), graph->nodes[i].limit, &bare);
+	}
 }
 
 DWARF_FUNCTION(dwarf_define);
@@ -76,13 +96,15 @@ dwarf_define(PG_FUNCTION_ARGS)
 	bool		isnull;
 	int32		version;
 	SavedUser	saved;
+	Graph	   *graph;
 
 	CheckNotStandby("dwarf.define");
 
 	name = GraphNameChecked(PG_GETARG_TEXT_PP(0));
 
-	normalized = GraphNormalized(GraphParse(PG_GETARG_JSONB_P(1), CurrentMemoryContext, true),
-								 PG_GETARG_JSONB_P(1));
+	graph = GraphParse(PG_GETARG_JSONB_P(1), CurrentMemoryContext, true);
+	CheckLimitsUsable(graph);
+	normalized = GraphNormalized(graph, PG_GETARG_JSONB_P(1));
 
 	/* The lock on the name keeps two defines from taking one version number. */
 	Connect();

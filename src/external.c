@@ -99,9 +99,9 @@ CheckOwners(Oid user, Oid *seen, int nseen)
  */
 typedef struct ClaimLimits
 {
-	List	   *names;			/* of the limits, in step with settings */
+	List	   *names;			/* of the limits (OfferLimit), in step with settings */
 	LimitSettings *settings;
-	List	   *refused;		/* "name\x01key" of the counts that refused */
+	List	   *refused;		/* "owner\x01name\x01key" of the counts that refused */
 	TimestampTz retry_at;		/* the soonest one may have room; 0: none */
 } ClaimLimits;
 
@@ -113,15 +113,19 @@ ReadClaimLimits(ClaimLimits *limits, const char *queue)
 	limits->names = OffersLimitNames(queue);
 	limits->settings = palloc(sizeof(LimitSettings) * Max(list_length(limits->names), 1));
 	foreach(lc, limits->names)
-		LimitReadSettings(lfirst(lc), &limits->settings[foreach_current_index(lc)]);
+	{
+		OfferLimit *limit = lfirst(lc);
+
+		LimitReadSettings(limit->owner, limit->name, &limits->settings[foreach_current_index(lc)]);
+	}
 }
 
 /* ClaimLimitCheck: takes a place of the limit, with the settings read before. */
 static bool
-TakeClaimLimit(const char *name, const char *key, void *arg)
+TakeClaimLimit(Oid owner, const char *name, const char *key, void *arg)
 {
 	ClaimLimits *limits = arg;
-	char	   *count = psprintf("%s%c%s", name, 1, key ? key : "");
+	char	   *count = psprintf("%u%c%s%c%s", owner, 1, name, 1, key ? key : "");
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz retry_at;
 	ListCell   *lc;
@@ -130,9 +134,10 @@ TakeClaimLimit(const char *name, const char *key, void *arg)
 		if (strcmp(lfirst(lc), count) == 0)
 			return false;
 	foreach(lc, limits->names)
-		if (strcmp(lfirst(lc), name) == 0)
+		if (((OfferLimit *) lfirst(lc))->owner == owner &&
+			strcmp(((OfferLimit *) lfirst(lc))->name, name) == 0)
 		{
-			if (LimitTakeWith(name, key, &limits->settings[foreach_current_index(lc)], now,
+			if (LimitTakeWith(owner, name, key, &limits->settings[foreach_current_index(lc)], now,
 							  &retry_at))
 				return true;
 			limits->refused = lappend(limits->refused, count);

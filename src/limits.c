@@ -1,16 +1,26 @@
 /*
  * limits.c
- *		Named limits, shared by the graphs and roles of a database:
- *		dwarf.set_limit(name, concurrency, rate, per) says that at most
- *		concurrency steps of the tasks naming the limit are in progress at
- *		once, and that at most rate of them start per per.
+ *		Named limits, a role's own like its graphs: dwarf.set_limit(name,
+ *		concurrency, rate, per) says that at most concurrency steps of the
+ *		role's tasks naming the limit are in progress at once, and that at
+ *		most rate of them start per per.
+ *
+ * A limit belongs to the role that set it, and its name is that role's: a
+ * task's "limit": "openai" is the flow owner's limit of that name, and
+ * "team.openai" the limit of role team, which a graph may name only if its
+ * definer has team's privileges (checked by dwarf.define).  So no role can
+ * stop or slow another's steps by setting a limit of the same name.
  *
  * The settings are rows of dwarf.limit (dumped with the database); the
  * live counts are in shared memory, in a hash of fixed size
- * (dwarf.max_limit_keys) under one LWLock, by database, limit name and
- * key: a task may name a key in its input state ({"name": "openai", "key":
- * "$.customer"}), and each value of it is counted on its own under the
- * same settings.  The rate is a token bucket that refills at rate per per
+ * (dwarf.max_limit_keys) under one LWLock, by database, owner, limit name
+ * and key: a task may name a key in its input state ({"name": "openai",
+ * "key": "$.customer"}), and each value of it is counted on its own under
+ * the same settings.  A count goes as soon as it no longer matters (nothing
+ * in progress, its bucket full), and the counts are shared between the
+ * roles that hold some: a role (in a database) makes a new one only while
+ * it holds fewer than dwarf.max_limit_keys / (roles holding counts + 1), so
+ * that a role that holds none always finds room for its first ones.  The rate is a token bucket that refills at rate per per
  * and holds at most a twentieth of rate (at least one), so that no
  * interval of length per sees more than rate starts and that twentieth:
  * within 5% from a rate of 20 on, and steady over longer spans.  Nothing in
@@ -58,6 +68,7 @@
 #include "dwarf.h"
 #include "flows.h"
 #include "limits.h"
+#include "names.h"
 
 int			dwarf_max_limit_keys = 1024;
 
@@ -71,10 +82,11 @@ int			dwarf_max_limit_keys = 1024;
 /* Bytes of a key that dwarf.limits shows (the count is by all of it). */
 #define LIMIT_KEY_SHOWN		64
 
-/* What a live count is of: a limit of a database, and one key of it. */
+/* What a live count is of: a limit of a role in a database, and one key of it. */
 typedef struct LimitTag
 {
 	Oid			dboid;
+	Oid			owner;			/* the limit's owner */
 	char		name[NAMEDATALEN];
 	uint64		keyhash;		/* of the key's text; 0: no key */
 } LimitTag;
@@ -90,6 +102,19 @@ typedef struct LimitCount
 	TimestampTz filled_at;
 	char		key[LIMIT_KEY_SHOWN];	/* the key's text, cut short */
 } LimitCount;
+
+/* The counts one role holds in one database: its share of the hash. */
+typedef struct HolderKey
+{
+	Oid			dboid;
+	Oid			owner;
+} HolderKey;
+
+typedef struct LimitHolder
+{
+	HolderKey	key;			/* hash key */
+	int32		counts;
+} LimitHolder;
 
 typedef struct LimitShared
 {
@@ -128,6 +153,7 @@ typedef struct Refusal
 
 static LimitShared *Limits = NULL;
 static HTAB *LimitCounts = NULL;
+static HTAB *LimitHolders = NULL;
 static HTAB *Holds = NULL;
 static HTAB *Refusals = NULL;
 
@@ -136,8 +162,9 @@ static HTAB *Refusals = NULL;
 static Size
 LimitsShmemSize(void)
 {
-	return add_size(MAXALIGN(sizeof(LimitShared)),
-					hash_estimate_size(dwarf_max_limit_keys, sizeof(LimitCount)));
+	return add_size(add_size(MAXALIGN(sizeof(LimitShared)),
+							 hash_estimate_size(dwarf_max_limit_keys, sizeof(LimitCount))),
+					hash_estimate_size(dwarf_max_limit_keys, sizeof(LimitHolder)));
 }
 
 /* From the shmem_request_hook: the counts' memory and their lock. */
@@ -167,6 +194,11 @@ LimitsShmemStartup(void)
 	LimitCounts = ShmemInitHash("dwarf limit counts", dwarf_max_limit_keys,
 								dwarf_max_limit_keys, &info,
 								HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+	info.keysize = sizeof(HolderKey);
+	info.entrysize = sizeof(LimitHolder);
+	LimitHolders = ShmemInitHash("dwarf limit holders", dwarf_max_limit_keys,
+								 dwarf_max_limit_keys, &info,
+								 HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -180,19 +212,19 @@ IntervalUs(Interval *span)
 }
 
 /*
- * Reads a limit's settings from dwarf.limit, as last committed: by its
- * primary key, without SPI, so that a worker may look between steps and a
- * client backend in any transaction.
+ * Reads the settings of owner's limit name from dwarf.limit, as last
+ * committed: by its primary key, without SPI, so that a worker may look
+ * between steps and a client backend in any transaction.
  */
 void
-LimitReadSettings(const char *name, LimitSettings *s)
+LimitReadSettings(Oid owner, const char *name, LimitSettings *s)
 {
 	Oid			nsp = get_namespace_oid("dwarf", true);
 	Oid			relid = OidIsValid(nsp) ? get_relname_relid("limit", nsp) : InvalidOid;
 	Oid			indexid = OidIsValid(nsp) ? get_relname_relid("limit_pkey", nsp) : InvalidOid;
 	Relation	rel;
 	Snapshot	snapshot;
-	ScanKeyData skey;
+	ScanKeyData skey[2];
 	SysScanDesc scan;
 	HeapTuple	tup;
 
@@ -204,9 +236,11 @@ LimitReadSettings(const char *name, LimitSettings *s)
 		return;
 	rel = table_open(relid, AccessShareLock);
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	ScanKeyInit(&skey, Anum_limit_name, BTEqualStrategyNumber, F_TEXTEQ,
+	ScanKeyInit(&skey[0], Anum_limit_owner, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(owner));
+	ScanKeyInit(&skey[1], Anum_limit_name, BTEqualStrategyNumber, F_TEXTEQ,
 				CStringGetTextDatum(name));
-	scan = systable_beginscan(rel, indexid, true, snapshot, 1, &skey);
+	scan = systable_beginscan(rel, indexid, true, snapshot, 2, skey);
 	tup = systable_getnext(scan);
 	if (HeapTupleIsValid(tup))
 	{
@@ -232,12 +266,13 @@ LimitReadSettings(const char *name, LimitSettings *s)
 
 /* ---------- live counts ---------- */
 
-/* The tag of a limit's count in this database, for a key (or NULL). */
+/* The tag of owner's limit's count in this database, for a key (or NULL). */
 static void
-MakeTag(LimitTag *tag, const char *name, const char *key)
+MakeTag(LimitTag *tag, Oid owner, const char *name, const char *key)
 {
 	memset(tag, 0, sizeof(LimitTag));
 	tag->dboid = MyDatabaseId;
+	tag->owner = owner;
 	strlcpy(tag->name, name, NAMEDATALEN);
 	if (key != NULL)
 	{
@@ -275,38 +310,104 @@ CountIdle(LimitCount *c, TimestampTz now)
 	return c->in_progress <= 0 && (c->rate == 0 || TokensAt(c, now) >= BucketSize(c->rate));
 }
 
-/* Removes the idle counts of every database; under the lock, exclusive. */
+/* The holder of a count's tag: its owner in its database. */
+static LimitHolder *
+HolderOf(const LimitTag *tag, HASHACTION action)
+{
+	HolderKey	key = {tag->dboid, tag->owner};
+
+	return hash_search(LimitHolders, &key, action, NULL);
+}
+
+/* Removes a count, and it from its holder's share; under the lock, exclusive. */
 static void
-EvictIdleCounts(TimestampTz now)
+RemoveCount(LimitCount *c)
+{
+	LimitHolder *holder = HolderOf(&c->tag, HASH_FIND);
+
+	if (holder != NULL && --holder->counts <= 0)
+		(void) HolderOf(&c->tag, HASH_REMOVE);
+	(void) hash_search(LimitCounts, &c->tag, HASH_REMOVE, NULL);
+}
+
+/*
+ * Removes the idle counts of every database, or those of one limit (name
+ * not NULL: its owner's in this database); under the lock, exclusive.
+ */
+static void
+EvictIdleCounts(TimestampTz now, Oid owner, const char *name)
 {
 	HASH_SEQ_STATUS seq;
 	LimitCount *c;
 
 	hash_seq_init(&seq, LimitCounts);
 	while ((c = hash_seq_search(&seq)) != NULL)
-		if (CountIdle(c, now))
-			(void) hash_search(LimitCounts, &c->tag, HASH_REMOVE, NULL);
+		if (CountIdle(c, now) &&
+			(name == NULL || (c->tag.dboid == MyDatabaseId && c->tag.owner == owner &&
+							  strcmp(c->tag.name, name) == 0)))
+			RemoveCount(c);
 }
 
 /*
- * A limit's count for a key, made if there is none: when the hash is full,
- * idle counts make room; NULL when there is still none.  Under the lock,
- * exclusive.
+ * The most counts the holder of tag may hold while it makes a new one:
+ * dwarf.max_limit_keys over the roles holding counts, itself included,
+ * plus one (at least one count).  While every holder keeps within it, a
+ * role that holds none finds room for its first ones.
+ */
+static int
+HolderShare(const LimitTag *tag)
+{
+	long		holders = hash_get_num_entries(LimitHolders);
+
+	if (HolderOf(tag, HASH_FIND) == NULL)
+		holders++;
+	return Max(1, dwarf_max_limit_keys / (int) (holders + 1));
+}
+
+/* Does the holder of tag hold its share already? */
+static bool
+HolderFull(const LimitTag *tag)
+{
+	LimitHolder *holder = HolderOf(tag, HASH_FIND);
+
+	return holder != NULL && holder->counts >= HolderShare(tag);
+}
+
+/*
+ * A limit's count for a key, made if there is none: when the hash is full
+ * or the owner holds its share, idle counts make room; NULL when there is
+ * still none.  Under the lock, exclusive.
  */
 static LimitCount *
 GetCount(const LimitTag *tag, const char *key, TimestampTz now)
 {
 	LimitCount *c;
+	LimitHolder *holder;
+	HolderKey	hkey;
 	bool		found;
 
 	c = hash_search(LimitCounts, tag, HASH_FIND, NULL);
 	if (c != NULL)
 		return c;
-	if (hash_get_num_entries(LimitCounts) >= dwarf_max_limit_keys)
-		EvictIdleCounts(now);
-	if (hash_get_num_entries(LimitCounts) >= dwarf_max_limit_keys ||
-		(c = hash_search(LimitCounts, tag, HASH_ENTER_NULL, &found)) == NULL)
+	if (hash_get_num_entries(LimitCounts) >= dwarf_max_limit_keys || HolderFull(tag))
+		EvictIdleCounts(now, InvalidOid, NULL);
+	if (hash_get_num_entries(LimitCounts) >= dwarf_max_limit_keys || HolderFull(tag))
 		return NULL;
+	hkey.dboid = tag->dboid;
+	hkey.owner = tag->owner;
+	holder = hash_search(LimitHolders, &hkey, HASH_ENTER_NULL, &found);
+	if (holder == NULL)
+		return NULL;
+	if (!found)
+		holder->counts = 0;
+	c = hash_search(LimitCounts, tag, HASH_ENTER_NULL, &found);
+	if (c == NULL)
+	{
+		if (holder->counts == 0)
+			(void) hash_search(LimitHolders, &hkey, HASH_REMOVE, NULL);
+		return NULL;
+	}
+	holder->counts++;
 	c->in_progress = 0;
 	c->rate = 0;
 	c->per_us = USECS_PER_SEC;
@@ -354,7 +455,7 @@ TakeTag(const LimitTag *tag, const char *name, const char *key, TimestampTz now,
 {
 	LimitSettings s;
 
-	LimitReadSettings(name, &s);
+	LimitReadSettings(tag->owner, name, &s);
 	return TakeTagWith(tag, name, key, &s, now, retry_at);
 }
 
@@ -373,18 +474,30 @@ TakeTagWith(const LimitTag *tag, const char *name, const char *key,
 	c = GetCount(tag, key, now);
 	if (c == NULL)
 	{
+		bool		share_full = HolderFull(tag);
+		int			share = HolderShare(tag);
+
 		LWLockRelease(Limits->lock);
 		if (!s.set)
 			return true;		/* not limited: nothing to count it in */
 		*retry_at = now + USECS_PER_SEC;
 		if (TimestampDifferenceExceeds(said_full, now, 10000))
 		{
+			char	   *owner = GetUserNameFromId(tag->owner, true);
+
 			said_full = now;
-			ereport(LOG,
-					(errmsg("dwarf: no room for the count of limit \"%s\": dwarf.max_limit_keys (%d) counts are in use",
-							name, dwarf_max_limit_keys),
-					 errdetail("Steps under the limit wait until a count is free."),
-					 errhint("Raise dwarf.max_limit_keys (it takes a restart), or use fewer keys.")));
+			if (share_full)
+				ereport(LOG,
+						(errmsg("dwarf: no room for a count of limit \"%s\" of role %s: the role holds its share of dwarf.max_limit_keys (%d of %d)",
+								name, owner ? owner : "?", share, dwarf_max_limit_keys),
+						 errdetail("Steps under the role's limits with keys not counted yet wait until one of its counts is free; other roles' counts are not affected."),
+						 errhint("Use fewer keys at once, or raise dwarf.max_limit_keys (it takes a restart).")));
+			else
+				ereport(LOG,
+						(errmsg("dwarf: no room for the count of limit \"%s\": dwarf.max_limit_keys (%d) counts are in use",
+								name, dwarf_max_limit_keys),
+						 errdetail("Steps under the limit wait until a count is free."),
+						 errhint("Raise dwarf.max_limit_keys (it takes a restart), or use fewer keys.")));
 		}
 		return false;
 	}
@@ -417,25 +530,25 @@ GiveTag(const LimitTag *tag)
 		if (c->in_progress > 0)
 			c->in_progress--;
 		if (CountIdle(c, GetCurrentTimestamp()))
-			(void) hash_search(LimitCounts, tag, HASH_REMOVE, NULL);
+			RemoveCount(c);
 	}
 	LWLockRelease(Limits->lock);
 	ConditionVariableBroadcast(&Limits->given);
 }
 
 /*
- * Takes one place in progress and one start of limit name for key (NULL:
- * the limit's own count) in this database, or returns false with when to
- * try again in *retry_at: when the next start is due, or 0 when every
- * place is taken (until one is given back: LimitGivenCV).  A name no row
- * of dwarf.limit sets is counted, never refused.  In a transaction.
+ * Takes one place in progress and one start of owner's limit name for key
+ * (NULL: the limit's own count) in this database, or returns false with
+ * when to try again in *retry_at: when the next start is due, or 0 when
+ * every place is taken (until one is given back: LimitGivenCV).  A name no
+ * row of dwarf.limit sets is counted, never refused.  In a transaction.
  */
 bool
-LimitTake(const char *name, const char *key, TimestampTz now, TimestampTz *retry_at)
+LimitTake(Oid owner, const char *name, const char *key, TimestampTz now, TimestampTz *retry_at)
 {
 	LimitTag	tag;
 
-	MakeTag(&tag, name, key);
+	MakeTag(&tag, owner, name, key);
 	return TakeTag(&tag, name, key, now, retry_at);
 }
 
@@ -445,22 +558,22 @@ LimitTake(const char *name, const char *key, TimestampTz now, TimestampTz *retry
  * before this one's), as dwarf.claim does under the offers' lock.
  */
 bool
-LimitTakeWith(const char *name, const char *key, const LimitSettings *settings,
+LimitTakeWith(Oid owner, const char *name, const char *key, const LimitSettings *settings,
 			  TimestampTz now, TimestampTz *retry_at)
 {
 	LimitTag	tag;
 
-	MakeTag(&tag, name, key);
+	MakeTag(&tag, owner, name, key);
 	return TakeTagWith(&tag, name, key, settings, now, retry_at);
 }
 
-/* Gives back the place a LimitTake of the same name and key took. */
+/* Gives back the place a LimitTake of the same owner, name and key took. */
 void
-LimitGive(const char *name, const char *key)
+LimitGive(Oid owner, const char *name, const char *key)
 {
 	LimitTag	tag;
 
-	MakeTag(&tag, name, key);
+	MakeTag(&tag, owner, name, key);
 	GiveTag(&tag);
 }
 
@@ -509,7 +622,7 @@ MakeRefusals(void)
  * lately is refused at once (Refusal).
  */
 bool
-LimitStepTake(const char *name, const char *key, int64 flow_id, int token_id,
+LimitStepTake(Oid owner, const char *name, const char *key, int64 flow_id, int token_id,
 			  TimestampTz now, TimestampTz *retry_at)
 {
 	HoldKey		hkey = {flow_id, token_id};
@@ -530,7 +643,7 @@ LimitStepTake(const char *name, const char *key, int64 flow_id, int token_id,
 	}
 	if (hash_search(Holds, &hkey, HASH_FIND, NULL) != NULL)
 		return true;
-	MakeTag(&tag, name, key);
+	MakeTag(&tag, owner, name, key);
 	MakeRefusals();
 	refusal = hash_search(Refusals, &tag, HASH_FIND, NULL);
 	if (refusal != NULL && now < refusal->until)
@@ -636,76 +749,98 @@ LimitKey(Datum path, Jsonb *state)
 	return JsonbToCString(NULL, &found->root, VARSIZE(found));
 }
 
+/* ---------- names: whose limit a name means ---------- */
+
+/*
+ * Which limit name means to role user (a flow's owner, or the caller of
+ * dwarf.set_limit): "role.name", where role is a role that exists, is that
+ * role's limit name; any other name is user's own.  Only a name with a dot
+ * looks at the catalog (a role by name, from the cache).
+ */
+void
+LimitResolve(Oid user, const char *name, Oid *owner, const char **bare)
+{
+	char	   *role_name;
+	char	   *rest;
+	Oid			role;
+
+	if (strchr(name, '.') != NULL && NameSplitQualified(name, &role_name, &rest) &&
+		OidIsValid(role = get_role_oid(role_name, true)))
+	{
+		*owner = role;
+		*bare = rest;
+		return;
+	}
+	*owner = user;
+	*bare = name;
+}
+
+/*
+ * May role use the limit name means to it (name it in a graph it defines,
+ * set or drop it)?  Its own, or one of a role whose privileges it has; an
+ * error that names the role otherwise.  Returns the limit's owner and its
+ * name without the role.
+ */
+Oid
+LimitCheckUse(Oid role, const char *name, const char **bare)
+{
+	Oid			owner;
+	char	   *owner_name;
+
+	LimitResolve(role, name, &owner, bare);
+	if (owner == role || has_privs_of_role(role, owner))
+		return owner;
+	owner_name = GetUserNameFromId(owner, false);
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("role %s may not use limit \"%s\" of role %s",
+					GetUserNameFromId(role, false), *bare, owner_name),
+			 errdetail("A limit is its owner's; another role's is used by a role with its privileges."),
+			 errhint("GRANT %s TO %s, or use a limit of your own: dwarf.set_limit('%s', ...).",
+					 quote_identifier(owner_name), quote_identifier(GetUserNameFromId(role, false)),
+					 *bare)));
+	return InvalidOid;			/* not reached */
+}
+
 /* ---------- SQL: set, drop and list limits ---------- */
 
 /*
- * Only a limit's owner (the role that set it first, or one with its
- * privileges) or a superuser may change or drop it.
- */
-static void
-CheckLimitOwner(const char *name, Oid owner, Oid caller)
-{
-	char	   *owner_name;
-
-	if (superuser_arg(caller) || has_privs_of_role(caller, owner))
-		return;
-	owner_name = GetUserNameFromId(owner, true);
-	ereport(ERROR,
-			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-			 errmsg("limit \"%s\" belongs to role %s", name,
-					owner_name ? quote_identifier(owner_name) : psprintf("%u", owner)),
-			 errdetail("Only its owner, the role that set it first, or a superuser may change or drop a limit.")));
-}
-
-/*
- * The owner of a limit's row, locked for the change (as the extension's
- * owner), or InvalidOid when there is none.
+ * The limit name argument, resolved for the caller: 1 to NAMEDATALEN - 1
+ * bytes, the caller's own or, as role.name, one of a role whose privileges
+ * the caller has.
  */
 static Oid
-LockLimitRow(const char *name)
-{
-	Oid			argtypes[1] = {TEXTOID};
-	Datum		values[1] = {CStringGetTextDatum(name)};
-	bool		isnull;
-
-	if (SPI_execute_with_args("SELECT owner::oid FROM dwarf.limit WHERE name = $1 FOR UPDATE",
-							  1, argtypes, values, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "dwarf: could not read dwarf.limit");
-	if (SPI_processed == 0)
-		return InvalidOid;
-	return DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-}
-
-/* The limit name argument: 1 to NAMEDATALEN - 1 bytes. */
-static char *
-LimitNameArg(FunctionCallInfo fcinfo)
+LimitNameArg(FunctionCallInfo fcinfo, const char **bare)
 {
 	char	   *name;
+	Oid			owner;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("a limit's name must not be NULL")));
 	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (name[0] == '\0' || strlen(name) > NAMEDATALEN - 1)
+	owner = LimitCheckUse(GetUserId(), name, bare);
+	if ((*bare)[0] == '\0' || strlen(*bare) > NAMEDATALEN - 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("\"%s\" cannot name a limit", name),
 				 errdetail("A limit's name has 1 to %d bytes.", NAMEDATALEN - 1)));
-	return name;
+	return owner;
 }
 
 DWARF_FUNCTION(dwarf_set_limit);
 
 /*
- * dwarf.set_limit(name, concurrency, rate, per): sets a limit, made and
- * owned by the caller if it is new.  NULL turns a bound off.
+ * dwarf.set_limit(name, concurrency, rate, per): sets the caller's limit
+ * name (or, as role.name, one of a role whose privileges it has), made if
+ * it is new.  NULL turns a bound off.
  */
 Datum
 dwarf_set_limit(PG_FUNCTION_ARGS)
 {
-	char	   *name = LimitNameArg(fcinfo);
-	Oid			caller = GetUserId();
+	const char *name;
+	Oid			owner = LimitNameArg(fcinfo, &name);
 	Oid			argtypes[5] = {TEXTOID, OIDOID, INT4OID, INT4OID, INTERVALOID};
 	Datum		values[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
@@ -728,7 +863,7 @@ dwarf_set_limit(PG_FUNCTION_ARGS)
 				 errmsg("a limit's per must be an interval longer than zero and at most 100 years")));
 
 	values[0] = CStringGetTextDatum(name);
-	values[1] = ObjectIdGetDatum(caller);
+	values[1] = ObjectIdGetDatum(owner);
 	values[2] = PG_GETARG_DATUM(1);
 	values[3] = PG_GETARG_DATUM(2);
 	values[4] = PG_GETARG_DATUM(3);
@@ -737,26 +872,12 @@ dwarf_set_limit(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	saved = BecomeOwner();
-	for (;;)
-	{
-		Oid			owner;
-
-		if (SPI_execute_with_args("INSERT INTO dwarf.limit (name, owner, concurrency, rate, per) "
-								  "VALUES ($1, $2::regrole, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
-								  5, argtypes, values, nulls, false, 0) != SPI_OK_INSERT)
-			elog(ERROR, "dwarf: could not insert into dwarf.limit");
-		if (SPI_processed == 1)
-			break;				/* a new limit, the caller's */
-		owner = LockLimitRow(name);
-		if (!OidIsValid(owner))
-			continue;			/* dropped meanwhile */
-		CheckLimitOwner(name, owner, caller);
-		if (SPI_execute_with_args("UPDATE dwarf.limit SET concurrency = $3, rate = $4, per = $5, "
-								  "set_at = now() WHERE name = $1",
-								  5, argtypes, values, nulls, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "dwarf: could not update dwarf.limit");
-		break;
-	}
+	if (SPI_execute_with_args("INSERT INTO dwarf.limit (name, owner, concurrency, rate, per) "
+							  "VALUES ($1, $2::regrole, $3, $4, $5) ON CONFLICT (owner, name) DO UPDATE "
+							  "SET concurrency = excluded.concurrency, rate = excluded.rate, "
+							  "per = excluded.per, set_at = now()",
+							  5, argtypes, values, nulls, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "dwarf: could not write dwarf.limit");
 	RestoreUser(saved);
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -765,40 +886,41 @@ dwarf_set_limit(PG_FUNCTION_ARGS)
 DWARF_FUNCTION(dwarf_drop_limit);
 
 /*
- * dwarf.drop_limit(name): the limit is no more (its tasks are not limited
- * any longer).  False when there was none.
+ * dwarf.drop_limit(name): the caller's limit name (or role.name) is no more:
+ * its tasks are not limited any longer, and its counts go once nothing is
+ * in progress under them.  False when there was none.
  */
 Datum
 dwarf_drop_limit(PG_FUNCTION_ARGS)
 {
-	char	   *name = LimitNameArg(fcinfo);
-	Oid			caller = GetUserId();
-	Oid			argtypes[1] = {TEXTOID};
-	Datum		values[1] = {CStringGetTextDatum(name)};
+	const char *name;
+	Oid			owner = LimitNameArg(fcinfo, &name);
+	Oid			argtypes[2] = {TEXTOID, OIDOID};
+	Datum		values[2] = {CStringGetTextDatum(name), ObjectIdGetDatum(owner)};
 	SavedUser	saved;
-	Oid			owner;
+	bool		dropped;
 
 	SPI_connect();
 	saved = BecomeOwner();
-	owner = LockLimitRow(name);
-	if (OidIsValid(owner))
-	{
-		CheckLimitOwner(name, owner, caller);
-		if (SPI_execute_with_args("DELETE FROM dwarf.limit WHERE name = $1",
-								  1, argtypes, values, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "dwarf: could not delete from dwarf.limit");
-	}
+	if (SPI_execute_with_args("DELETE FROM dwarf.limit WHERE name = $1 AND owner = $2::regrole",
+							  2, argtypes, values, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "dwarf: could not delete from dwarf.limit");
+	dropped = SPI_processed > 0;
 	RestoreUser(saved);
 	SPI_finish();
-	PG_RETURN_BOOL(OidIsValid(owner));
+	LWLockAcquire(Limits->lock, LW_EXCLUSIVE);
+	EvictIdleCounts(GetCurrentTimestamp(), owner, name);
+	LWLockRelease(Limits->lock);
+	PG_RETURN_BOOL(dropped);
 }
 
 DWARF_FUNCTION(dwarf_limit_counts);
 
 /*
- * dwarf.limit_counts(): this database's live counts: limit name, key (NULL
- * for the limit's own count) and steps in progress.  Copied under the lock,
- * returned outside it.
+ * dwarf.limit_counts(): this database's live counts of the limits of roles
+ * whose privileges the caller has (their keys are taken from flows' inputs:
+ * no one else's to see): owner, limit name, key (NULL for the limit's own
+ * count) and steps in progress.  Copied under the lock, returned outside it.
  */
 Datum
 dwarf_limit_counts(PG_FUNCTION_ARGS)
@@ -821,15 +943,18 @@ dwarf_limit_counts(PG_FUNCTION_ARGS)
 
 	for (i = 0; i < n; i++)
 	{
-		Datum		values[3];
-		bool		nulls[3] = {false, false, false};
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
 
-		values[0] = CStringGetTextDatum(copies[i].tag.name);
+		if (!has_privs_of_role(GetUserId(), copies[i].tag.owner))
+			continue;
+		values[0] = ObjectIdGetDatum(copies[i].tag.owner);
+		values[1] = CStringGetTextDatum(copies[i].tag.name);
 		if (copies[i].tag.keyhash == 0)
-			nulls[1] = true;
+			nulls[2] = true;
 		else
-			values[1] = CStringGetTextDatum(copies[i].key);
-		values[2] = Int32GetDatum(copies[i].in_progress);
+			values[2] = CStringGetTextDatum(copies[i].key);
+		values[3] = Int32GetDatum(copies[i].in_progress);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

@@ -1,8 +1,9 @@
 /*
  * limits.h
- *		Named limits (limits.c): at most so many steps of the tasks that
- *		name a limit in progress at once, and at most so many starts per
- *		interval, counted in shared memory by database, limit name and key.
+ *		Named limits (limits.c), a role's own: at most so many steps of the
+ *		tasks that name a limit in progress at once, and at most so many
+ *		starts per interval, counted in shared memory by database, owner,
+ *		limit name and key.
  *		Usable from any backend in a transaction of a database with dwarf.
  */
 #ifndef DWARF_LIMITS_H
@@ -34,18 +35,26 @@ extern void LimitsShmemRequest(void);
 extern void LimitsShmemStartup(void);
 
 /*
- * One step's start under a limit, and its end.  LimitTake takes a place in
+ * Whose limit a task's "limit" name is: "role.name" is role's, any other
+ * name the flow owner's (LimitResolve); LimitCheckUse also says whether
+ * role may use it (its own, or with the owner's privileges), with an error.
+ */
+extern void LimitResolve(Oid user, const char *name, Oid *owner, const char **bare);
+extern Oid	LimitCheckUse(Oid role, const char *name, const char **bare);
+
+/*
+ * One step's start under owner's limit, and its end.  LimitTake takes a place in
  * progress and a start of the rate, or returns false with *retry_at: when
  * the next start is due, or 0 when the limit waits for a place to be given
  * back (LimitGivenCV is broadcast then).  A key of NULL is the limit's own
  * count; a name not set (dwarf.set_limit) is counted but never refused.
  */
-extern bool LimitTake(const char *name, const char *key, TimestampTz now,
+extern bool LimitTake(Oid owner, const char *name, const char *key, TimestampTz now,
 					  TimestampTz *retry_at);
-extern void LimitReadSettings(const char *name, LimitSettings *s);
-extern bool LimitTakeWith(const char *name, const char *key, const LimitSettings *settings,
-						  TimestampTz now, TimestampTz *retry_at);
-extern void LimitGive(const char *name, const char *key);
+extern void LimitReadSettings(Oid owner, const char *name, LimitSettings *s);
+extern bool LimitTakeWith(Oid owner, const char *name, const char *key,
+						  const LimitSettings *settings, TimestampTz now, TimestampTz *retry_at);
+extern void LimitGive(Oid owner, const char *name, const char *key);
 extern ConditionVariable *LimitGivenCV(void);
 
 /* A step's key: the first match of path in its input state, as text. */
@@ -56,7 +65,7 @@ extern char *LimitKey(Datum path, Jsonb *state);
  * what it took (a second take of the same step is a no-op) and gives all
  * of it back if it exits.
  */
-extern bool LimitStepTake(const char *name, const char *key, int64 flow_id,
+extern bool LimitStepTake(Oid owner, const char *name, const char *key, int64 flow_id,
 						  int token_id, TimestampTz now, TimestampTz *retry_at);
 extern void LimitStepGive(int64 flow_id, int token_id);
 extern void LimitStepGiveUnless(bool (*keep) (int64 flow_id));

@@ -410,12 +410,13 @@ FindOfRolesOf(GraphScan *gs, text *name, Oid role, GraphVersion *found)
 }
 
 /*
- * Splits "role.name" into the role's name and the graph's: the role is what
+ * Splits "role.name" into the role's name and the graph's (or limit's, see
+ * limits.c): the role is what
  * comes before the first dot, or a double-quoted identifier ("a.b".name,
  * "" for a quote in it).  False if the name is not of that form.
  */
-static bool
-SplitQualified(const char *name, char **role, char **graph)
+bool
+NameSplitQualified(const char *name, char **role, char **graph)
 {
 	const char *p = name;
 	StringInfoData buf;
@@ -493,7 +494,7 @@ ResolveGraph(text *name, Oid role, bool committed)
 		n = list_length(owners);
 	}
 	cname = text_to_cstring(name);
-	if (n == 0 && SplitQualified(cname, &owner_name, &graph_name))
+	if (n == 0 && NameSplitQualified(cname, &owner_name, &graph_name))
 	{
 		Oid			owner = get_role_oid(owner_name, true);
 

@@ -97,6 +97,7 @@ typedef struct Offer
 	Size		call_len;		/* 0: none (not an HTTP task) */
 	Size		key_len;		/* of the limit's key, its NUL included; 0: none */
 	char		limit[NAMEDATALEN]; /* the named limit a claim takes; "": none */
+	Oid			limit_owner;	/* ... whose it is */
 	bool		limit_taken;	/* its lease holds a place of it */
 	dlist_node	in_queue;		/* while ready */
 	int64		lease;			/* while leased, answering or expired */
@@ -265,7 +266,7 @@ EndLease(Offer *offer, LeaseEnd why)
 
 	if (offer->limit_taken)
 	{
-		LimitGive(offer->limit, LimitKeyOf(offer));
+		LimitGive(offer->limit_owner, offer->limit, LimitKeyOf(offer));
 		offer->limit_taken = false;
 	}
 	if (offer->lease == 0)
@@ -393,6 +394,7 @@ OfferPublish(const OfferSpec *spec)
 		memcpy((char *) dsa_get_address(area, data) + input_len + baggage_len + call_len,
 			   spec->limit_key, key_len);
 	strlcpy(offer->limit, spec->limit ? spec->limit : "", NAMEDATALEN);
+	offer->limit_owner = spec->limit_owner;
 	offer->limit_taken = false;
 	Offers->bytes += len;
 	offer->lease = 0;
@@ -589,9 +591,9 @@ OffersHasReady(const char *queue_name)
 }
 
 /*
- * The names of the limits the ready steps of queue take, for a claim to
- * read their settings before it claims (OffersClaim takes them under the
- * offers' lock, where no table may be read).
+ * The limits the ready steps of queue take (OfferLimit: owner and name), for
+ * a claim to read their settings before it claims (OffersClaim takes them
+ * under the offers' lock, where no table may be read).
  */
 List *
 OffersLimitNames(const char *queue_name)
@@ -612,10 +614,20 @@ OffersLimitNames(const char *queue_name)
 			if (offer->limit[0] == '\0')
 				continue;
 			foreach(lc, names)
-				if (strcmp(lfirst(lc), offer->limit) == 0)
+			{
+				OfferLimit *limit = lfirst(lc);
+
+				if (limit->owner == offer->limit_owner && strcmp(limit->name, offer->limit) == 0)
 					known = true;
+			}
 			if (!known)
-				names = lappend(names, pstrdup(offer->limit));
+			{
+				OfferLimit *limit = palloc(sizeof(OfferLimit));
+
+				limit->owner = offer->limit_owner;
+				strlcpy(limit->name, offer->limit, NAMEDATALEN);
+				names = lappend(names, limit);
+			}
 		}
 	LWLockRelease(Offers->lock);
 	return names;
@@ -676,7 +688,7 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 		}
 		if (offer->limit[0] != '\0')
 		{
-			if (!take_limit(offer->limit, LimitKeyOf(offer), arg))
+			if (!take_limit(offer->limit_owner, offer->limit, LimitKeyOf(offer), arg))
 				continue;		/* no room under its limit now */
 			offer->limit_taken = true;
 		}
@@ -699,7 +711,7 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 		{
 			if (offer->limit_taken)
 			{
-				LimitGive(offer->limit, LimitKeyOf(offer));
+				LimitGive(offer->limit_owner, offer->limit, LimitKeyOf(offer));
 				offer->limit_taken = false;
 			}
 			break;

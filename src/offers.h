@@ -49,6 +49,7 @@ typedef struct OfferSpec
 	Jsonb	   *input;			/* the step's state */
 	Jsonb	   *baggage;		/* or NULL */
 	const char *limit;			/* the named limit a claim takes, or NULL */
+	Oid			limit_owner;	/* ... whose it is (LimitResolve) */
 	const char *limit_key;		/* ... its key, or NULL */
 	Jsonb	   *call;			/* an HTTP task's call (GraphNode.http), or NULL */
 } OfferSpec;
@@ -138,8 +139,15 @@ extern List *OffersTakeAnswered(int worker_index);
 extern bool OfferAnswered(const OfferKey *key, int32 visits, int32 attempt);
 
 /* dwarf.claim, complete, fail, extend */
-/* May a claim start a step under this limit (name, key)?  See OffersClaim. */
-typedef bool (*ClaimLimitCheck) (const char *name, const char *key, void *arg);
+/* A limit the ready steps of a queue take: its owner and name. */
+typedef struct OfferLimit
+{
+	Oid			owner;
+	char		name[NAMEDATALEN];
+} OfferLimit;
+
+/* May a claim start a step under this limit (owner, name, key)?  See OffersClaim. */
+typedef bool (*ClaimLimitCheck) (Oid owner, const char *name, const char *key, void *arg);
 
 extern List *OffersLimitNames(const char *queue);
 extern List *OffersClaim(const char *queue, int max, int64 lease_us, Oid *owners,

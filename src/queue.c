@@ -209,7 +209,8 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	spec.lease_us = node->lease_us;
 	spec.input = FlowTokenState(flow, token);
 	spec.baggage = flow->baggage;
-	spec.limit = node->limit;
+	if (node->limit)
+		LimitResolve(flow->owner, node->limit, &spec.limit_owner, &spec.limit);
 	if (node->limit && node->limit_key != (Datum) 0)
 		spec.limit_key = LimitKey(node->limit_key, spec.input);
 	spec.call = node->http;

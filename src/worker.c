@@ -309,13 +309,16 @@ TakeLimit(FlowRun *flow, Token *token)
 	TimestampTz now;
 	TimestampTz retry_at;
 	char	   *key = NULL;
+	Oid			owner;
+	const char *name;
 
 	if (node->limit == NULL || node->kind != TASK_FUNCTION)
 		return true;			/* an external step's claim takes it */
 	now = GetCurrentTimestamp();
 	if (node->limit_key != (Datum) 0)
 		key = LimitKey(node->limit_key, FlowTokenState(flow, token));
-	if (LimitStepTake(node->limit, key, flow->id, token->id, now, &retry_at))
+	LimitResolve(flow->owner, node->limit, &owner, &name);
+	if (LimitStepTake(owner, name, key, flow->id, token->id, now, &retry_at))
 		return true;
 	token->due = retry_at > 0 ? retry_at : now + DWARF_LIMIT_RECHECK_MS * 1000;
 	return false;

@@ -13,11 +13,19 @@
 #  3. a key: with {"name": ..., "key": "$.customer"} and concurrency 1, each
 #     customer has its own count: one step of each runs at a time, and the
 #     two customers' steps run side by side;
-#  4. privileges: a limit belongs to the role that set it first; another
-#     role can neither change nor drop it (and says whose it is), its owner
-#     and a superuser can;
+#  4. names per owner: a limit belongs to the role that set it, and its
+#     name is that role's: another role's set_limit and drop_limit of the
+#     same name act on a limit of its own (concurrency 0 there stops none of
+#     the first role's steps); role.name reaches another role's limit only
+#     with its privileges, in set_limit, drop_limit and a graph alike; a
+#     role sees only its own limits and counts (keys come from inputs);
+#     a superuser changes any as role.name;
 #  5. a task that names a limit no one set is not limited;
-#  6. after a crash of the server, the counts start from zero.
+#  6. after a crash of the server, the counts start from zero;
+#  7. the counts are shared by role: with dwarf.max_limit_keys = 16, bob's
+#     twenty keys in progress (leased external steps) hold at most half of
+#     them, and alice's keyed steps still find counts and run while his
+#     wait; the log says so once in a while, not once a step.
 #
 # The tasks record when they started and ended in public.ran; some wait at
 # a gate (a row the test opens) so that the test sees them in progress.
@@ -162,25 +170,55 @@ cmp_ok(query(q{
 		 WHERE a.test = 'keyed' AND b.test = 'keyed' AND a.customer = 'a' AND b.customer = 'b'}), '>', 0,
 	"the two customers' steps ran side by side");
 
-# ---------------------------------------------------------------- 4. privileges
-my ($rc, $out, $err) = $node->psql('postgres', q{SELECT dwarf.set_limit('api', concurrency => 50)},
-	extra_params => [ '-U', 'bob' ]);
-isnt($rc, 0, "bob cannot change alice's limit");
-like($err, qr/limit "api" belongs to role alice/, 'the error says whose limit it is');
-($rc, $out, $err) = $node->psql('postgres', q{SELECT dwarf.drop_limit('api')},
-	extra_params => [ '-U', 'bob' ]);
-like($err, qr/limit "api" belongs to role alice/, "bob cannot drop alice's limit");
-($rc, $out, $err) = $node->psql('postgres', q{UPDATE dwarf.limit SET concurrency = 50},
-	extra_params => [ '-U', 'bob' ]);
+# ---------------------------------------------------------------- 4. names per owner
+# Runs SQL as bob: (status, output, error).
+sub bob
+{
+	my ($sql) = @_;
+	return $node->psql('postgres', $sql, extra_params => [ '-U', 'bob' ]);
+}
+my ($rc, $out, $err) = bob(q{SELECT dwarf.set_limit('api', concurrency => 0)});
+is($rc, 0, "bob's set_limit of alice's name sets a limit of bob's own");
+is(query(q{SELECT owner, concurrency FROM dwarf.limit WHERE name = 'api' ORDER BY owner::text}),
+	"alice|2\nbob|0", 'two limits named api, one each');
+$node->safe_psql('postgres', q{TRUNCATE ran});
+alice(q{SELECT dwarf.create('conc', '{"test": "conc_after_bob", "sleep": 0.05}') FROM generate_series(1, 4)});
+wait_flows_closed($node, 'postgres', "alice's flows close under her own limit, bob's concurrency 0 aside");
+is(query(q{SELECT count(*) FROM ran WHERE test = 'conc_after_bob'}), '4', "all four of alice's steps ran");
+is((bob(q{SELECT count(*) FROM dwarf.limit}))[1], '1', 'bob sees only his own limit');
+is((bob(q{SELECT string_agg(owner::text, ',') FROM dwarf.limits}))[1], 'bob', 'and only it in dwarf.limits');
+($rc, $out, $err) = bob(q{SELECT dwarf.set_limit('alice.api', concurrency => 50)});
+isnt($rc, 0, "bob cannot set alice's limit by naming it alice.api");
+like($err, qr/role bob may not use limit "api" of role alice/, 'the error says whose limit it is');
+like($err, qr/GRANT alice TO bob/, 'and how to be allowed');
+($rc, $out, $err) = bob(q{SELECT dwarf.drop_limit('alice.api')});
+like($err, qr/role bob may not use limit "api" of role alice/, "nor drop it");
+($rc, $out, $err) = bob(q{SELECT dwarf.define('borrow', '{"tasks": {"B": {"function": "app.quick", "limit": "alice.api"}}}')});
+like($err, qr/role bob may not use limit "api" of role alice/, "nor name it in a graph");
+($rc, $out, $err) = bob(q{UPDATE dwarf.limit SET concurrency = 50});
 like($err, qr/permission denied/, 'nor write dwarf.limit directly');
-is(query(q{SELECT concurrency FROM dwarf.limit WHERE name = 'api'}), '2',
-	'the limit is unchanged');
+($rc, $out) = bob(q{SELECT dwarf.drop_limit('api'), dwarf.drop_limit('api')});
+is($out, 't|f', 'bob drops his own');
+is(query(q{SELECT owner, concurrency FROM dwarf.limit WHERE name = 'api'}), 'alice|2',
+	"alice's limit is unchanged");
 alice(q{SELECT dwarf.set_limit('api', concurrency => 3, rate => 100, per => '1 min')});
 is(query(q{SELECT concurrency, rate, per, owner FROM dwarf.limit WHERE name = 'api'}),
 	'3|100|00:01:00|alice', 'its owner can change it');
-query(q{SELECT dwarf.set_limit('api', concurrency => 4)});
+query(q{SELECT dwarf.set_limit('alice.api', concurrency => 4)});
 is(query(q{SELECT concurrency, owner FROM dwarf.limit WHERE name = 'api'}),
-	'4|alice', 'a superuser can change it; it stays its owner\'s');
+	'4|alice', 'a superuser changes it as alice.api; it stays its owner\'s');
+# With alice's privileges, bob uses her limit: his graph names alice.api.
+$node->safe_psql('postgres', q{GRANT alice TO bob});
+($rc, $out, $err) = bob(q{SELECT dwarf.define('borrow', '{"tasks": {"B": {"function": "app.slow", "limit": "alice.api"}}}')});
+is($rc, 0, "granted alice, bob's graph may name alice.api");
+$node->safe_psql('postgres', q{UPDATE gate SET open = false});
+bob(q{SELECT dwarf.create('borrow', '{"test": "borrow"}')});
+ok($node->poll_query_until('postgres',
+		q{SELECT sum(in_progress) FROM dwarf.limits WHERE owner = 'alice'::regrole AND name = 'api'}, '1'),
+	"bob's step is counted under alice's limit");
+$node->safe_psql('postgres', q{UPDATE gate SET open = true});
+wait_flows_closed($node, 'postgres', "bob's flow closes");
+$node->safe_psql('postgres', q{REVOKE alice FROM bob});
 is(alice(q{SELECT dwarf.drop_limit('api'), dwarf.drop_limit('api')}),
 	't|f', 'its owner can drop it');
 is(query(
@@ -245,5 +283,53 @@ $node->safe_psql('postgres', q{UPDATE gate SET open = true});
 wait_flows_closed($node, 'postgres', 'the flows close after the restart');
 is(query(q{SELECT count(*) FROM ran WHERE test = 'crash'}), '4', 'each of the four ran once');
 cmp_ok(max_overlap('crash'), '<=', 2, 'never more than two at once');
+
+# ---------------------------------------------------------------- 7. counts shared by role
+# Bob's external steps hold their counts while leased (no process does):
+# he claims twenty, each under a key of its own, more than the counts there
+# are (all of which he took before counts were shared by role).
+$node->append_conf('postgresql.conf', 'dwarf.max_limit_keys = 16');
+$node->restart;
+wait_for_workers($node, 'two workers run after the restart');
+$node->safe_psql('postgres', q{CREATE TABLE leases (lease bigint); GRANT SELECT, INSERT, DELETE ON leases TO bob});
+bob(q{SELECT dwarf.define('hog', '{"tasks": {"H": {"external": "hog",
+	"limit": {"name": "per_customer", "key": "$.customer"}}}}')});
+bob(q{SELECT dwarf.set_limit('per_customer', concurrency => 1)});
+alice(q{SELECT dwarf.define('keyedq', '{"tasks": {"K": {"function": "app.quick",
+	"limit": {"name": "per_customer", "key": "$.customer"}}}}')});
+bob(q{SELECT dwarf.create('hog', jsonb_build_object('customer', 'c' || i)) FROM generate_series(1, 20) i});
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) FROM dwarf.external_steps('hog') WHERE state = 'ready'}, '20'),
+	"bob's twenty external steps are offered");
+my $log_at = -s $node->logfile;
+($rc, $out, $err) = bob(q{WITH c AS (INSERT INTO leases SELECT lease FROM dwarf.claim('hog', 20, lease => '5 min')
+                                     RETURNING lease)
+                          SELECT count(*) FROM c});
+is($out, '8', "bob's claim of twenty gets eight: his keys take half of the sixteen counts");
+alice(q{SELECT dwarf.create('keyedq', jsonb_build_object('test', 'keyedq', 'customer', c))
+          FROM unnest(ARRAY['a', 'b']) c});
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM ran WHERE test = 'keyedq'}, '2'),
+	"alice's two keyed steps find counts and run while bob's twelve wait");
+($rc, $out, $err) = bob(q{SELECT count(*) FROM dwarf.claim('hog', 20, lease => '5 min')});
+is($out, '0', 'bob, over his share now that alice holds counts too, gets no more');
+is(query(q{SELECT count(*) FROM dwarf.limit_counts() WHERE owner = 'bob'::regrole}), '8',
+	'bob holds eight counts');
+is((bob(q{SELECT count(*) FROM dwarf.limit_counts() WHERE owner = 'alice'::regrole}))[1], '0',
+	"bob sees none of alice's keys");
+my $said = () = slurp_file($node->logfile, $log_at) =~ /holds its share of dwarf\.max_limit_keys/g;
+cmp_ok($said, '>=', 1, 'the log says why his steps wait');
+cmp_ok($said, '<=', 2, "once in a while, not once a step ($said lines)");
+($rc, $out, $err) = bob(q{WITH c AS (DELETE FROM leases RETURNING lease) SELECT count(dwarf.complete(lease)) FROM c});
+is($out, '8', 'bob completes his eight');
+my @rounds;
+for (1 .. 2)
+{
+	($rc, $out, $err) = bob(q{SELECT count(dwarf.complete(lease)) FROM dwarf.claim('hog', 20, lease => '5 min')});
+	push @rounds, $out;
+}
+is(join(',', @rounds), '8,4', 'and, his counts given back, claims and completes the other twelve, eight at a time');
+wait_flows_closed($node, 'postgres', "bob's flows close");
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.limit_counts()}, '0'),
+	'with nothing in progress, no count is kept');
 stop_node($node, $t0);
 done_testing();
