@@ -71,10 +71,14 @@ CheckLimitsUsable(Graph *graph)
 
 	for (i = 0; i < graph->nnodes; i++)
 	{
-		const char *bare;
+		int			j;
 
-		if (graph->nodes[i].limit != NULL)
-			(void) LimitCheckUse(GetUserId(), graph->nodes[i].limit, &bare);
+		for (j = 0; j < graph->nodes[i].nlimits; j++)
+		{
+			const char *bare;
+
+			(void) LimitCheckUse(GetUserId(), graph->nodes[i].limits[j].name, &bare);
+		}
 	}
 }
 

@@ -82,6 +82,9 @@ extern int	dwarf_stats_entries;	/* graphs' and tasks' statistics kept (stats.c) 
 /* Most tasks a graph may have. */
 #define DWARF_MAX_TASKS		10000
 
+/* Most named limits one task may take ("limit": [...]). */
+#define DWARF_MAX_TASK_LIMITS	4
+
 /* Most subtransactions a batch may open (PGPROC_MAX_CACHED_SUBXIDS is 64). */
 #define DWARF_MAX_ISOLATED_BATCH	60
 

@@ -510,13 +510,24 @@ ParseRetry(GraphNode *node, JsonbValue *retry)
 }
 
 /*
- * "limit": "name", or {"name": "name", "key": "$.path"} for one count per
- * value of the key in the step's input state (limits.c).  A name must fit
- * a limit's (dwarf.limit): 1 to NAMEDATALEN - 1 bytes.
+ * One limit of a task: "name", or {"name": "name", "key": "$.path"} for one
+ * count per value of the key in the step's input state (limits.c).  A name
+ * must fit a limit's (dwarf.limit): 1 to NAMEDATALEN - 1 bytes, "role." not
+ * counted.
  */
 static void
-ParseLimit(GraphNode *node, JsonbValue *v, const char *what)
+ParseOneLimit(GraphNode *node, JsonbValue *v, const char *what)
 {
+	TaskLimit  *limit;
+	const char *bare;
+	int			i;
+
+	if (node->nlimits == DWARF_MAX_TASK_LIMITS)
+		DefinitionError("invalid graph definition: task \"%s\" names more than %d limits",
+						node->name, DWARF_MAX_TASK_LIMITS);
+	limit = &node->limits[node->nlimits];
+	limit->name = NULL;
+	limit->key = (Datum) 0;
 	if (v->type == jbvBinary && JsonContainerIsObject(v->val.binary.data))
 	{
 		JsonbIterator *it = IterateValue(v, true, what);
@@ -526,12 +537,12 @@ ParseLimit(GraphNode *node, JsonbValue *v, const char *what)
 		while ((key = NextKey(&it, &val)) != NULL)
 		{
 			if (strcmp(key, "name") == 0)
-				node->limit = StringValue(&val, psprintf("the limit name of task \"%s\"", node->name));
+				limit->name = StringValue(&val, psprintf("the limit name of task \"%s\"", node->name));
 			else if (strcmp(key, "key") == 0)
 			{
 				char	   *path = StringValue(&val, psprintf("the limit key of task \"%s\"", node->name));
 
-				node->limit_key = CompilePath(path, psprintf("the limit key of task \"%s\"", node->name));
+				limit->key = CompilePath(path, psprintf("the limit key of task \"%s\"", node->name));
 			}
 			else
 				ereport(ERROR,
@@ -540,15 +551,45 @@ ParseLimit(GraphNode *node, JsonbValue *v, const char *what)
 								key, node->name),
 						 errhint("A limit is a name, or {\"name\": \"openai\", \"key\": \"$.customer\"} for one count per value of the key.")));
 		}
-		if (node->limit == NULL)
+		if (limit->name == NULL)
 			DefinitionError("invalid graph definition: the limit of task \"%s\" has no \"name\"",
 							node->name);
 	}
 	else
-		node->limit = StringValue(v, what);
-	if (node->limit[0] == '\0' || strlen(node->limit) > NAMEDATALEN - 1)
+		limit->name = StringValue(v, what);
+	bare = strchr(limit->name, '.') ? strchr(limit->name, '.') + 1 : limit->name;
+	if (limit->name[0] == '\0' || bare[0] == '\0' || strlen(bare) > NAMEDATALEN - 1)
 		DefinitionError("invalid graph definition: \"%s\" cannot name the limit of task \"%s\"",
-						node->limit, node->name);
+						limit->name, node->name);
+	for (i = 0; i < node->nlimits; i++)
+		if (strcmp(node->limits[i].name, limit->name) == 0)
+			DefinitionError("invalid graph definition: task \"%s\" names limit \"%s\" twice",
+							node->name, limit->name);
+	node->nlimits++;
+}
+
+/*
+ * "limit": one limit (ParseOneLimit), or an array of up to
+ * DWARF_MAX_TASK_LIMITS of them, all of which a step takes before it
+ * starts (a per-customer concurrency and a global rate on the same call).
+ */
+static void
+ParseLimit(GraphNode *node, JsonbValue *v, const char *what)
+{
+	if (v->type == jbvBinary && JsonContainerIsArray(v->val.binary.data))
+	{
+		JsonbIterator *it = IterateValue(v, false, what);
+		JsonbIteratorToken tok;
+		JsonbValue	elem;
+
+		while ((tok = JsonbIteratorNext(&it, &elem, true)) != WJB_DONE)
+			if (tok == WJB_ELEM)
+				ParseOneLimit(node, &elem, what);
+		if (node->nlimits == 0)
+			DefinitionError("invalid graph definition: %s is an empty array", what);
+	}
+	else
+		ParseOneLimit(node, v, what);
 }
 
 /* Headers dwarf sets on every HTTP call, or that the transfer owns. */

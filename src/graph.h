@@ -11,6 +11,7 @@
 #include "utils/jsonb.h"
 
 #include "dwarf.h"
+#include "limits.h"
 
 /* ---------- graph.c: definitions, parsed and compiled ---------- */
 
@@ -115,9 +116,8 @@ typedef struct GraphNode
 								 * "url", "headers", "timeout_ms"} */
 	int64		time_budget_us; /* how long one step may take; 0: the flow's */
 	RetryPolicy retry;
-	char	   *limit;			/* the dwarf.set_limit name it counts under */
-	Datum		limit_key;		/* compiled jsonpath: one count per value of
-								 * it in the step's input; 0: one count */
+	int			nlimits;		/* the dwarf.set_limit limits it counts under */
+	TaskLimit	limits[DWARF_MAX_TASK_LIMITS];
 	Jsonb	   *spec;			/* the task as written, when an object */
 	char	   *fn_name;		/* as resolved: schema.name (functions only) */
 	Oid			fn;

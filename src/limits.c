@@ -122,7 +122,7 @@ typedef struct LimitShared
 	ConditionVariable given;	/* broadcast when a place is given back */
 } LimitShared;
 
-/* A step's take held by this process (LimitStepTake). */
+/* A step's takes held by this process (LimitStepTake). */
 typedef struct HoldKey
 {
 	int64		flow_id;
@@ -132,7 +132,8 @@ typedef struct HoldKey
 typedef struct LimitHold
 {
 	HoldKey		key;			/* hash key */
-	LimitTag	tag;
+	int			ntags;
+	LimitTag	tags[DWARF_MAX_TASK_LIMITS];
 } LimitHold;
 
 /*
@@ -586,6 +587,16 @@ LimitGivenCV(void)
 
 /* ---------- a worker's steps ---------- */
 
+/* The places a step's hold holds go back. */
+static void
+GiveHold(LimitHold *hold)
+{
+	int			i;
+
+	for (i = 0; i < hold->ntags; i++)
+		GiveTag(&hold->tags[i]);
+}
+
 /* At exit: the places this process holds go back (its steps end with it). */
 static void
 GiveAllHolds(int code, Datum arg)
@@ -595,7 +606,7 @@ GiveAllHolds(int code, Datum arg)
 
 	hash_seq_init(&seq, Holds);
 	while ((hold = hash_seq_search(&seq)) != NULL)
-		GiveTag(&hold->tag);
+		GiveHold(hold);
 }
 
 /* The table of refusals, made anew (empty) when missing or too full. */
@@ -616,19 +627,19 @@ MakeRefusals(void)
 }
 
 /*
- * LimitTake for a worker's step (flow and token): the place is held by
- * this process until LimitStepGive, or its exit.  A step that holds one
- * already takes nothing more; one whose count refused another step here
- * lately is refused at once (Refusal).
+ * LimitTake of each of a worker's step's limits (flow and token), all or
+ * none: the places are held by this process until LimitStepGive, or its
+ * exit.  A step that holds them already takes nothing more; one whose
+ * count refused another step here lately is refused at once (Refusal).
  */
 bool
-LimitStepTake(Oid owner, const char *name, const char *key, int64 flow_id, int token_id,
+LimitStepTake(const StepLimits *limits, int64 flow_id, int token_id,
 			  TimestampTz now, TimestampTz *retry_at)
 {
 	HoldKey		hkey = {flow_id, token_id};
 	LimitHold  *hold;
-	LimitTag	tag;
-	Refusal    *refusal;
+	LimitTag	tags[DWARF_MAX_TASK_LIMITS];
+	int			i;
 
 	if (Holds == NULL)
 	{
@@ -643,27 +654,116 @@ LimitStepTake(Oid owner, const char *name, const char *key, int64 flow_id, int t
 	}
 	if (hash_search(Holds, &hkey, HASH_FIND, NULL) != NULL)
 		return true;
-	MakeTag(&tag, owner, name, key);
 	MakeRefusals();
-	refusal = hash_search(Refusals, &tag, HASH_FIND, NULL);
-	if (refusal != NULL && now < refusal->until)
+	for (i = 0; i < limits->n; i++)
 	{
-		*retry_at = refusal->retry_at;
+		Refusal    *refusal;
+
+		MakeTag(&tags[i], limits->owner[i], limits->name[i], limits->key[i]);
+		refusal = hash_search(Refusals, &tags[i], HASH_FIND, NULL);
+		if (refusal != NULL && now < refusal->until)
+			*retry_at = refusal->retry_at;
+		else if (!TakeTag(&tags[i], limits->name[i], limits->key[i], now, retry_at))
+		{
+			refusal = hash_search(Refusals, &tags[i], HASH_ENTER, NULL);
+			refusal->retry_at = *retry_at;
+			refusal->until = *retry_at > 0 ? *retry_at :
+				now + DWARF_LIMIT_RECHECK_MS * INT64CONST(1000);
+		}
+		else
+		{
+			if (refusal != NULL)
+				(void) hash_search(Refusals, &tags[i], HASH_REMOVE, NULL);
+			continue;
+		}
+		while (--i >= 0)		/* refused: the ones taken go back */
+			GiveTag(&tags[i]);
 		return false;
 	}
-	if (!TakeTag(&tag, name, key, now, retry_at))
-	{
-		refusal = hash_search(Refusals, &tag, HASH_ENTER, NULL);
-		refusal->retry_at = *retry_at;
-		refusal->until = *retry_at > 0 ? *retry_at :
-			now + DWARF_LIMIT_RECHECK_MS * INT64CONST(1000);
-		return false;
-	}
-	if (refusal != NULL)
-		(void) hash_search(Refusals, &tag, HASH_REMOVE, NULL);
 	hold = hash_search(Holds, &hkey, HASH_ENTER, NULL);
-	hold->tag = tag;
+	hold->ntags = limits->n;
+	memcpy(hold->tags, tags, sizeof(LimitTag) * limits->n);
 	return true;
+}
+
+/*
+ * The limits a step of a flow of user's takes: a task's limits resolved
+ * (LimitResolve), each with the step's key under it from its input state.
+ */
+void
+LimitsOfStep(Oid user, int n, const TaskLimit *limits, Jsonb *state, StepLimits *out)
+{
+	int			i;
+
+	out->n = n;
+	for (i = 0; i < n; i++)
+	{
+		LimitResolve(user, limits[i].name, &out->owner[i], &out->name[i]);
+		out->key[i] = limits[i].key != (Datum) 0 ? LimitKey(limits[i].key, state) : NULL;
+	}
+}
+
+/*
+ * The bytes a step's limits take flat: for each, its owner, then its name
+ * and its key, each with its NUL, the key after a byte that says whether
+ * there is one.
+ */
+Size
+LimitsFlatSize(const StepLimits *limits)
+{
+	Size		len = 0;
+	int			i;
+
+	for (i = 0; i < limits->n; i++)
+		len += sizeof(Oid) + strlen(limits->name[i]) + 1 + 1 +
+			(limits->key[i] ? strlen(limits->key[i]) + 1 : 0);
+	return len;
+}
+
+/* Writes a step's limits flat into dst (LimitsFlatSize bytes). */
+void
+LimitsFlatten(const StepLimits *limits, char *dst)
+{
+	int			i;
+
+	for (i = 0; i < limits->n; i++)
+	{
+		Size		len = strlen(limits->name[i]) + 1;
+
+		memcpy(dst, &limits->owner[i], sizeof(Oid));
+		dst += sizeof(Oid);
+		memcpy(dst, limits->name[i], len);
+		dst += len;
+		*dst++ = limits->key[i] != NULL;
+		if (limits->key[i] != NULL)
+		{
+			len = strlen(limits->key[i]) + 1;
+			memcpy(dst, limits->key[i], len);
+			dst += len;
+		}
+	}
+}
+
+/* The n limits written flat at src; the names and keys point into src. */
+void
+LimitsUnflatten(const char *src, int n, StepLimits *limits)
+{
+	int			i;
+
+	limits->n = n;
+	for (i = 0; i < n; i++)
+	{
+		memcpy(&limits->owner[i], src, sizeof(Oid));
+		src += sizeof(Oid);
+		limits->name[i] = src;
+		src += strlen(src) + 1;
+		limits->key[i] = NULL;
+		if (*src++)
+		{
+			limits->key[i] = src;
+			src += strlen(src) + 1;
+		}
+	}
 }
 
 /* The step ended: the place it holds, if any, goes back. */
@@ -678,9 +778,14 @@ LimitStepGive(int64 flow_id, int token_id)
 	hold = hash_search(Holds, &hkey, HASH_FIND, NULL);
 	if (hold == NULL)
 		return;
-	GiveTag(&hold->tag);
+	GiveHold(hold);
 	if (Refusals != NULL)
-		(void) hash_search(Refusals, &hold->tag, HASH_REMOVE, NULL);	/* room now */
+	{
+		int			i;
+
+		for (i = 0; i < hold->ntags; i++)	/* room now */
+			(void) hash_search(Refusals, &hold->tags[i], HASH_REMOVE, NULL);
+	}
 	(void) hash_search(Holds, &hkey, HASH_REMOVE, NULL);
 }
 
@@ -700,7 +805,7 @@ LimitStepGiveUnless(bool (*keep) (int64 flow_id))
 	while ((hold = hash_seq_search(&seq)) != NULL)
 		if (!keep(hold->key.flow_id))
 		{
-			GiveTag(&hold->tag);
+			GiveHold(hold);
 			(void) hash_search(Holds, &hold->key, HASH_REMOVE, NULL);
 		}
 }

@@ -13,6 +13,8 @@
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
+#include "dwarf.h"
+
 /*
  * How soon a worker tries again a step whose limit had no room in
  * progress (LimitTake said "when one is given back").
@@ -21,6 +23,38 @@
 
 /* dwarf.max_limit_keys: live counts (limit and key) shared memory holds. */
 extern int	dwarf_max_limit_keys;
+
+/* A limit a task names (graph.c): its name as written, and its key. */
+typedef struct TaskLimit
+{
+	char	   *name;			/* "name" or "role.name" (LimitResolve) */
+	Datum		key;			/* compiled jsonpath: one count per value of
+								 * it in the step's input; 0: one count */
+} TaskLimit;
+
+/*
+ * The limits one step takes, resolved (LimitResolve): whose each is, its
+ * name, and the step's key under it (NULL: the limit's own count).  A step
+ * takes all of them or none.
+ */
+typedef struct StepLimits
+{
+	int			n;
+	Oid			owner[DWARF_MAX_TASK_LIMITS];
+	const char *name[DWARF_MAX_TASK_LIMITS];
+	const char *key[DWARF_MAX_TASK_LIMITS];
+} StepLimits;
+
+/*
+ * StepLimits as one flat run of bytes, for an offer in shared memory:
+ * LimitsFlatSize bytes, written by LimitsFlatten; LimitsUnflatten points
+ * into them.
+ */
+extern void LimitsOfStep(Oid user, int n, const TaskLimit *limits, Jsonb *state,
+						 StepLimits *out);
+extern Size LimitsFlatSize(const StepLimits *limits);
+extern void LimitsFlatten(const StepLimits *limits, char *dst);
+extern void LimitsUnflatten(const char *src, int n, StepLimits *limits);
 
 /* A limit's settings, from its row of dwarf.limit. */
 typedef struct LimitSettings
@@ -65,8 +99,8 @@ extern char *LimitKey(Datum path, Jsonb *state);
  * what it took (a second take of the same step is a no-op) and gives all
  * of it back if it exits.
  */
-extern bool LimitStepTake(Oid owner, const char *name, const char *key, int64 flow_id,
-						  int token_id, TimestampTz now, TimestampTz *retry_at);
+extern bool LimitStepTake(const StepLimits *limits, int64 flow_id, int token_id,
+						  TimestampTz now, TimestampTz *retry_at);
 extern void LimitStepGive(int64 flow_id, int token_id);
 extern void LimitStepGiveUnless(bool (*keep) (int64 flow_id));
 

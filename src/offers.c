@@ -91,14 +91,13 @@ typedef struct Offer
 	char		task[NAMEDATALEN];
 	int64		lease_us;
 	dsa_pointer data;			/* input, baggage, call (flat jsonb each), then
-								 * the limit's key */
+								 * the limits (LimitsFlatten) */
 	Size		input_len;
 	Size		baggage_len;	/* 0: none */
 	Size		call_len;		/* 0: none (not an HTTP task) */
-	Size		key_len;		/* of the limit's key, its NUL included; 0: none */
-	char		limit[NAMEDATALEN]; /* the named limit a claim takes; "": none */
-	Oid			limit_owner;	/* ... whose it is */
-	bool		limit_taken;	/* its lease holds a place of it */
+	Size		limits_len;		/* 0: none */
+	int			nlimits;		/* the named limits a claim takes */
+	bool		limit_taken;	/* its lease holds a place of each */
 	dlist_node	in_queue;		/* while ready */
 	int64		lease;			/* while leased, answering or expired */
 	TimestampTz leased_at;
@@ -245,14 +244,28 @@ FindQueue(const char *name, bool create)
 	return queue;
 }
 
-/* The key of an offer's limit (in the shared area), or NULL. */
-static const char *
-LimitKeyOf(Offer *offer)
+/* The limits of an offer's step (pointing into the shared area). */
+static void
+LimitsOf(Offer *offer, StepLimits *limits)
 {
-	if (offer->key_len == 0)
-		return NULL;
-	return (char *) dsa_get_address(OfferArea(), offer->data) +
-		offer->input_len + offer->baggage_len + offer->call_len;
+	LimitsUnflatten((char *) dsa_get_address(OfferArea(), offer->data) +
+					offer->input_len + offer->baggage_len + offer->call_len,
+					offer->nlimits, limits);
+}
+
+/* Gives back the places of its limits a lease took (under the lock). */
+static void
+GiveLimitsOf(Offer *offer)
+{
+	StepLimits	limits;
+	int			i;
+
+	if (!offer->limit_taken)
+		return;
+	LimitsOf(offer, &limits);
+	for (i = 0; i < limits.n; i++)
+		LimitGive(limits.owner[i], limits.name[i], limits.key[i]);
+	offer->limit_taken = false;
 }
 
 /*
@@ -264,11 +277,7 @@ EndLease(Offer *offer, LeaseEnd why)
 {
 	Lease	   *lease;
 
-	if (offer->limit_taken)
-	{
-		LimitGive(offer->limit_owner, offer->limit, LimitKeyOf(offer));
-		offer->limit_taken = false;
-	}
+	GiveLimitsOf(offer);
 	if (offer->lease == 0)
 		return;
 	lease = hash_search(LeaseTable, &offer->lease, HASH_FIND, NULL);
@@ -287,7 +296,7 @@ FreeData(Offer *offer)
 	if (DsaPointerIsValid(offer->data))
 	{
 		dsa_free(OfferArea(), offer->data);
-		Offers->bytes -= offer->input_len + offer->baggage_len + offer->call_len + offer->key_len;
+		Offers->bytes -= offer->input_len + offer->baggage_len + offer->call_len + offer->limits_len;
 		offer->data = InvalidDsaPointer;
 	}
 }
@@ -297,7 +306,7 @@ static void
 TakeFromQueue(Offer *offer)
 {
 	dlist_delete(&offer->in_queue);
-	if (offer->limit[0] != '\0')
+	if (offer->nlimits > 0)
 		offer->queue->nlimited--;
 }
 
@@ -333,8 +342,8 @@ OfferPublish(const OfferSpec *spec)
 	Size		input_len = VARSIZE(spec->input);
 	Size		baggage_len = spec->baggage ? VARSIZE(spec->baggage) : 0;
 	Size		call_len = spec->call ? VARSIZE(spec->call) : 0;
-	Size		key_len = spec->limit_key ? strlen(spec->limit_key) + 1 : 0;
-	Size		len = input_len + baggage_len + call_len + key_len;
+	Size		limits_len = LimitsFlatSize(&spec->limits);
+	Size		len = input_len + baggage_len + call_len + limits_len;
 	Offer	   *offer;
 	OfferQueue *queue;
 	bool		found;
@@ -389,12 +398,10 @@ OfferPublish(const OfferSpec *spec)
 	if (call_len)
 		memcpy((char *) dsa_get_address(area, data) + input_len + baggage_len, spec->call,
 			   call_len);
-	offer->key_len = key_len;
-	if (key_len)
-		memcpy((char *) dsa_get_address(area, data) + input_len + baggage_len + call_len,
-			   spec->limit_key, key_len);
-	strlcpy(offer->limit, spec->limit ? spec->limit : "", NAMEDATALEN);
-	offer->limit_owner = spec->limit_owner;
+	offer->limits_len = limits_len;
+	offer->nlimits = spec->limits.n;
+	LimitsFlatten(&spec->limits,
+				  (char *) dsa_get_address(area, data) + input_len + baggage_len + call_len);
 	offer->limit_taken = false;
 	Offers->bytes += len;
 	offer->lease = 0;
@@ -402,7 +409,7 @@ OfferPublish(const OfferSpec *spec)
 	offer->absent = 0;
 	offer->on_answered = false;
 	dlist_push_tail(&queue->ready, &offer->in_queue);
-	if (offer->limit[0] != '\0')
+	if (offer->nlimits > 0)
 		queue->nlimited++;
 	LWLockRelease(Offers->lock);
 	OwnOffers = true;			/* for the worker's sweeps, until one finds none */
@@ -608,25 +615,30 @@ OffersLimitNames(const char *queue_name)
 		dlist_foreach(iter, &queue->ready)
 		{
 			Offer	   *offer = dlist_container(Offer, in_queue, iter.cur);
-			ListCell   *lc;
-			bool		known = false;
+			StepLimits	limits;
+			int			i;
 
-			if (offer->limit[0] == '\0')
-				continue;
-			foreach(lc, names)
+			LimitsOf(offer, &limits);
+			for (i = 0; i < limits.n; i++)
 			{
-				OfferLimit *limit = lfirst(lc);
+				ListCell   *lc;
+				bool		known = false;
 
-				if (limit->owner == offer->limit_owner && strcmp(limit->name, offer->limit) == 0)
-					known = true;
-			}
-			if (!known)
-			{
-				OfferLimit *limit = palloc(sizeof(OfferLimit));
+				foreach(lc, names)
+				{
+					OfferLimit *limit = lfirst(lc);
 
-				limit->owner = offer->limit_owner;
-				strlcpy(limit->name, offer->limit, NAMEDATALEN);
-				names = lappend(names, limit);
+					if (limit->owner == limits.owner[i] && strcmp(limit->name, limits.name[i]) == 0)
+						known = true;
+				}
+				if (!known)
+				{
+					OfferLimit *limit = palloc(sizeof(OfferLimit));
+
+					limit->owner = limits.owner[i];
+					strlcpy(limit->name, limits.name[i], NAMEDATALEN);
+					names = lappend(names, limit);
+				}
 			}
 		}
 	LWLockRelease(Offers->lock);
@@ -686,10 +698,21 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 			}
 			continue;
 		}
-		if (offer->limit[0] != '\0')
+		if (offer->nlimits > 0)
 		{
-			if (!take_limit(offer->limit_owner, offer->limit, LimitKeyOf(offer), arg))
-				continue;		/* no room under its limit now */
+			StepLimits	limits;
+			int			i;
+
+			LimitsOf(offer, &limits);
+			for (i = 0; i < limits.n; i++)
+				if (!take_limit(limits.owner[i], limits.name[i], limits.key[i], arg))
+					break;
+			if (i < limits.n)
+			{
+				while (--i >= 0)	/* the ones taken go back */
+					LimitGive(limits.owner[i], limits.name[i], limits.key[i]);
+				continue;		/* no room under one of its limits now */
+			}
 			offer->limit_taken = true;
 		}
 		lease = NULL;
@@ -709,11 +732,7 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 		}
 		if (lease == NULL)
 		{
-			if (offer->limit_taken)
-			{
-				LimitGive(offer->limit_owner, offer->limit, LimitKeyOf(offer));
-				offer->limit_taken = false;
-			}
+			GiveLimitsOf(offer);
 			break;
 		}
 		lease->key = offer->key;

@@ -15,6 +15,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "limits.h"
 
 /* A step waiting at an external task: its flow's branch (token), by database. */
 typedef struct OfferKey
@@ -48,9 +49,7 @@ typedef struct OfferSpec
 	int64		lease_us;		/* the task's lease, when a claim names none */
 	Jsonb	   *input;			/* the step's state */
 	Jsonb	   *baggage;		/* or NULL */
-	const char *limit;			/* the named limit a claim takes, or NULL */
-	Oid			limit_owner;	/* ... whose it is (LimitResolve) */
-	const char *limit_key;		/* ... its key, or NULL */
+	StepLimits	limits;			/* the named limits a claim takes */
 	Jsonb	   *call;			/* an HTTP task's call (GraphNode.http), or NULL */
 } OfferSpec;
 

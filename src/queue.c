@@ -209,10 +209,7 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	spec.lease_us = node->lease_us;
 	spec.input = FlowTokenState(flow, token);
 	spec.baggage = flow->baggage;
-	if (node->limit)
-		LimitResolve(flow->owner, node->limit, &spec.limit_owner, &spec.limit);
-	if (node->limit && node->limit_key != (Datum) 0)
-		spec.limit_key = LimitKey(node->limit_key, spec.input);
+	LimitsOfStep(flow->owner, node->nlimits, node->limits, spec.input, &spec.limits);
 	spec.call = node->http;
 	if (token->attempt == 1 && token->first_started == 0)
 		token->first_started = now;

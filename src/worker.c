@@ -308,17 +308,13 @@ TakeLimit(FlowRun *flow, Token *token)
 	GraphNode  *node = &flow->graph->nodes[token->node];
 	TimestampTz now;
 	TimestampTz retry_at;
-	char	   *key = NULL;
-	Oid			owner;
-	const char *name;
+	StepLimits	limits;
 
-	if (node->limit == NULL || node->kind != TASK_FUNCTION)
-		return true;			/* an external step's claim takes it */
+	if (node->nlimits == 0 || node->kind != TASK_FUNCTION)
+		return true;			/* an external step's claim takes them */
 	now = GetCurrentTimestamp();
-	if (node->limit_key != (Datum) 0)
-		key = LimitKey(node->limit_key, FlowTokenState(flow, token));
-	LimitResolve(flow->owner, node->limit, &owner, &name);
-	if (LimitStepTake(owner, name, key, flow->id, token->id, now, &retry_at))
+	LimitsOfStep(flow->owner, node->nlimits, node->limits, FlowTokenState(flow, token), &limits);
+	if (LimitStepTake(&limits, flow->id, token->id, now, &retry_at))
 		return true;
 	token->due = retry_at > 0 ? retry_at : now + DWARF_LIMIT_RECHECK_MS * 1000;
 	return false;
@@ -900,7 +896,7 @@ LendSlowSteps(List *batch)
 
 		if (token == NULL || FlowIsLent(flow->id) || !RunnerWants(flow, token))
 			continue;
-		if (!xact && flow->graph->nodes[token->node].limit != NULL)
+		if (!xact && flow->graph->nodes[token->node].nlimits > 0)
 		{
 			StartTransactionCommand();	/* TakeLimit reads dwarf.limit */
 			xact = true;

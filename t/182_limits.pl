@@ -25,7 +25,11 @@
 #  7. the counts are shared by role: with dwarf.max_limit_keys = 16, bob's
 #     twenty keys in progress (leased external steps) hold at most half of
 #     them, and alice's keyed steps still find counts and run while his
-#     wait; the log says so once in a while, not once a step.
+#     wait; the log says so once in a while, not once a step;
+#  8. several limits on one task ("limit": [...]): a step starts only with a
+#     place of each (one step per customer and two in all, side by side),
+#     for a function task and an external task's claim alike; the graph
+#     says which are wrong (more than four, one named twice, none).
 #
 # The tasks record when they started and ended in public.ran; some wait at
 # a gate (a row the test opens) so that the test sees them in progress.
@@ -331,5 +335,43 @@ is(join(',', @rounds), '8,4', 'and, his counts given back, claims and completes 
 wait_flows_closed($node, 'postgres', "bob's flows close");
 ok($node->poll_query_until('postgres', q{SELECT count(*) FROM dwarf.limit_counts()}, '0'),
 	'with nothing in progress, no count is kept');
+# ---------------------------------------------------------------- 8. several limits
+alice(q{SELECT dwarf.set_limit('one_each', concurrency => 1)});
+alice(q{SELECT dwarf.set_limit('two_in_all', concurrency => 2)});
+alice(q{SELECT dwarf.define('both', '{"tasks": {"B": {"function": "app.slow",
+	"limit": [{"name": "one_each", "key": "$.customer"}, "two_in_all"]}}}')});
+$node->safe_psql('postgres', q{TRUNCATE ran});
+alice(q{SELECT dwarf.create('both', jsonb_build_object('test', 'both', 'customer', c, 'sleep', 0.2))
+          FROM generate_series(1, 2), unnest(ARRAY['a', 'b', 'c']) c});
+wait_flows_closed($node, 'postgres', 'the flows under two limits close');
+is(query(q{SELECT count(*) FROM ran WHERE test = 'both'}), '6', 'each of the six steps ran once');
+is(max_overlap('both', 'AND r2.customer = r1.customer'), '1', 'one step of a customer ran at a time');
+cmp_ok(max_overlap('both'), '<=', 2, 'and never more than two in all');
+cmp_ok(max_overlap('both'), '>=', 2, 'two of different customers ran side by side');
+alice(q{SELECT dwarf.define('both_outside', '{"tasks": {"O": {"external": "both",
+	"limit": [{"name": "one_each", "key": "$.customer"}, "two_in_all"]}}}')});
+alice(q{SELECT dwarf.create('both_outside', jsonb_build_object('customer', c))
+          FROM unnest(ARRAY['a', 'a', 'b', 'c']) c});
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) FROM dwarf.external_steps('both') WHERE state = 'ready'}, '4'),
+	'four external steps under two limits are offered');
+is(query(q{SELECT count(*), count(DISTINCT input ->> 'customer')
+             FROM dwarf.claim('both', 4, lease => '1 min')}), '2|2',
+	'a claim of four gets two, of two customers: one each, two in all');
+is(query(q{SELECT sum(in_progress) FROM dwarf.limits WHERE name IN ('one_each', 'two_in_all')}), '4',
+	'each claimed step holds a place of both limits');
+$node->safe_psql('postgres', q{SELECT dwarf.cancel(id) FROM dwarf.flow WHERE status = 'running'});
+ok($node->poll_query_until('postgres',
+		q{SELECT coalesce(sum(in_progress), 0) FROM dwarf.limits WHERE name IN ('one_each', 'two_in_all')}, '0'),
+	'cancelled, the leases give back both places');
+for my $bad (
+	[ q{["l1", "l2", "l3", "l4", "l5"]}, qr/task "T" names more than 4 limits/, 'more than four limits' ],
+	[ q{["l1", {"name": "l1", "key": "$.x"}]}, qr/task "T" names limit "l1" twice/, 'a limit named twice' ],
+	[ q{[]}, qr/is an empty array/, 'an empty list of limits' ])
+{
+	($rc, $out, $err) = $node->psql('postgres',
+		qq{SELECT dwarf.define('bad', '{"tasks": {"T": {"function": "app.quick", "limit": $bad->[0]}}}')});
+	like($err, $bad->[1], "$bad->[2] is refused");
+}
 stop_node($node, $t0);
 done_testing();
