@@ -33,6 +33,7 @@
 #include "graph.h"
 #include "flows.h"
 #include "json.h"
+#include "url.h"
 
 #define DefinitionError(...) \
 	ereport(ERROR, \
@@ -601,7 +602,10 @@ ParseHttpHeader(JsonbParseState **state, const char *task, const char *name, Jso
 /*
  * An HTTP task's call: "POST http://host/path" (a URL alone is a POST), or
  * {"method", "url", "headers"}.  Checked here, at define: the method, an
- * http or https URL, the headers.  Returns {"method", "url", "headers"}.
+ * http or https URL that has a normal form (url.c: no user information),
+ * the headers.  Returns {"method", "url", "headers"}, the URL in normal
+ * form, which is what the HTTP process checks against dwarf.http_allow and
+ * calls.
  */
 static Jsonb *
 ParseHttp(GraphNode *node, JsonbValue *v)
@@ -614,7 +618,8 @@ ParseHttp(GraphNode *node, JsonbValue *v)
 	JsonbParseState *state = NULL;
 	JsonbValue	k,
 				val;
-	const char *rest;
+	char	   *normal;
+	const char *why;
 	bool		known = false;
 	int			i;
 
@@ -666,14 +671,15 @@ ParseHttp(GraphNode *node, JsonbValue *v)
 				 errmsg("invalid graph definition: \"%s\" is not a method task \"%s\" may call with",
 						method, node->name),
 				 errhint("An HTTP task's method is GET, POST, PUT, PATCH or DELETE (in capitals).")));
-	rest = strncmp(url, "http://", 7) == 0 ? url + 7 :
-		strncmp(url, "https://", 8) == 0 ? url + 8 : NULL;
-	if (rest == NULL || rest[0] == '\0' || rest[0] == '/' || strlen(url) > 2048 ||
-		strpbrk(url, " \t\r\n\"<>\\^`{|}") != NULL)
+	normal = UrlNormalize(url, &why);
+	if (normal == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid graph definition: \"%s\" is not a URL task \"%s\" may call", url, node->name),
-				 errhint("An HTTP task calls an http:// or https:// URL with a host, of at most 2048 characters, without spaces.")));
+				 errdetail("The URL cannot be used: %s.", why),
+				 errhint("An HTTP task calls an http:// or https:// URL with a host, of at most %d characters, without spaces or user information.",
+						 DWARF_MAX_URL)));
+	url = normal;
 
 	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
 	k.type = jbvString;

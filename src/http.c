@@ -25,11 +25,13 @@
  * called again, with the same Idempotency-Key (the step key): a call is
  * made at least once.
  *
- * Before a call: its URL must start with one of dwarf.http_allow's
- * prefixes, and the flow's owner must have EXECUTE on dwarf.http_call;
- * otherwise the step fails and no request is made.  Redirects are not
- * followed; an answer past dwarf.http_max_response aborts its transfer;
- * TLS certificates and host names are verified (curl's defaults, kept).
+ * Before a call: its URL, in normal form (url.c), must be inside one of
+ * dwarf.http_allow's prefixes, and the flow's owner must have EXECUTE on
+ * dwarf.http_call; otherwise the step fails and no request is made.  The
+ * normal form is the URL sent.  No proxy is used (the server's environment
+ * is not asked), redirects are not followed; an answer past
+ * dwarf.http_max_response aborts its transfer; TLS certificates and host
+ * names are verified (curl's defaults, kept).
  */
 #include "postgres.h"
 
@@ -67,6 +69,7 @@
 #include "http.h"
 #include "json.h"
 #include "offers.h"
+#include "url.h"
 
 /*
  * libcurl, loaded by the HTTP process alone (LoadCurl).  Linked into
@@ -188,49 +191,25 @@ static int	NumDone = 0;
 static MemoryContext CallsContext = NULL;
 static DwarfWorkerSlot *Slot = NULL;
 
-/*
- * Is url inside dwarf.http_allow, a comma-separated list of URL prefixes?
- * Empty allows nothing.
- */
-bool
-HttpAllowed(const char *url)
-{
-	char	   *list;
-	List	   *prefixes;
-	ListCell   *lc;
-	bool		allowed = false;
-
-	if (dwarf_http_allow == NULL || dwarf_http_allow[0] == '\0')
-		return false;
-	list = pstrdup(dwarf_http_allow);
-	if (!SplitGUCList(list, ',', &prefixes))
-		return false;
-	foreach(lc, prefixes)
-	{
-		const char *prefix = lfirst(lc);
-
-		if (prefix[0] != '\0' && strncmp(url, prefix, strlen(prefix)) == 0)
-			allowed = true;
-	}
-	list_free(prefixes);
-	pfree(list);
-	return allowed;
-}
-
 DWARF_FUNCTION(dwarf_http_call);
 
 /*
  * dwarf.http_call(url): may the HTTP tasks of flows owned by roles with
- * EXECUTE on this function call url (is it inside dwarf.http_allow)?  The
+ * EXECUTE on this function call url (is its normal form inside
+ * dwarf.http_allow, url.c)?  The
  * function's EXECUTE privilege is what the HTTP process checks of a flow's
  * owner before each call.
  */
 Datum
 dwarf_http_call(PG_FUNCTION_ARGS)
 {
+	const char *why;
+	char	   *normal;
+
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
-	PG_RETURN_BOOL(HttpAllowed(text_to_cstring(PG_GETARG_TEXT_PP(0))));
+	normal = UrlNormalize(text_to_cstring(PG_GETARG_TEXT_PP(0)), &why);
+	PG_RETURN_BOOL(normal != NULL && UrlAllowed(normal));
 }
 
 /*
@@ -540,11 +519,27 @@ BuildHeaders(HttpCall *call, ClaimedStep *step, const char *key)
 	return true;
 }
 
-/* Starts a call's transfer. */
+/*
+ * Sets an option of a transfer being set up, unless one already failed:
+ * then *failed names that one.
+ */
+#define SET_OPTION(easy, failed, option, value) \
+	do { \
+		if ((failed) == NULL && curl_easy_setopt(easy, option, value) != CURLE_OK) \
+			(failed) = #option; \
+	} while (0)
+
+/*
+ * Starts a call's transfer: exactly its URL (in normal form: CURLOPT_PATH_AS_IS
+ * keeps curl from changing the path), no proxy whatever the server's
+ * environment says (http_proxy and the like), no redirects, TLS verified.
+ * A call whose options curl refuses fails without a request.
+ */
 static void
 StartTransfer(HttpCall *call)
 {
 	CURL	   *easy = curl_easy_init();
+	const char *failed = NULL;
 
 	if (easy == NULL)
 	{
@@ -553,36 +548,47 @@ StartTransfer(HttpCall *call)
 		NumDone++;
 		return;
 	}
-	call->easy = easy;
-	curl_easy_setopt(easy, CURLOPT_URL, call->url);
-	curl_easy_setopt(easy, CURLOPT_PRIVATE, call);
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) call->timeout_ms);
-	curl_easy_setopt(easy, CURLOPT_MAXFILESIZE_LARGE,
-					 (curl_off_t) dwarf_http_max_response * 1024);
-	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, call->headers);
-	curl_easy_setopt(easy, CURLOPT_USERAGENT, "dwarf");
-	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, call->errbuf);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, WriteCallback);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, call);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, HeaderCallback);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, call);
+	SET_OPTION(easy, failed, CURLOPT_URL, call->url);
+	SET_OPTION(easy, failed, CURLOPT_PATH_AS_IS, 1L);
+	SET_OPTION(easy, failed, CURLOPT_PROXY, "");
+	SET_OPTION(easy, failed, CURLOPT_PRIVATE, call);
+	SET_OPTION(easy, failed, CURLOPT_PROTOCOLS_STR, "http,https");
+	SET_OPTION(easy, failed, CURLOPT_FOLLOWLOCATION, 0L);
+	SET_OPTION(easy, failed, CURLOPT_SSL_VERIFYPEER, 1L);
+	SET_OPTION(easy, failed, CURLOPT_SSL_VERIFYHOST, 2L);
+	SET_OPTION(easy, failed, CURLOPT_NOSIGNAL, 1L);
+	SET_OPTION(easy, failed, CURLOPT_TIMEOUT_MS, (long) call->timeout_ms);
+	SET_OPTION(easy, failed, CURLOPT_MAXFILESIZE_LARGE,
+			   (curl_off_t) dwarf_http_max_response * 1024);
+	SET_OPTION(easy, failed, CURLOPT_HTTPHEADER, call->headers);
+	SET_OPTION(easy, failed, CURLOPT_USERAGENT, "dwarf");
+	SET_OPTION(easy, failed, CURLOPT_ERRORBUFFER, call->errbuf);
+	SET_OPTION(easy, failed, CURLOPT_WRITEFUNCTION, WriteCallback);
+	SET_OPTION(easy, failed, CURLOPT_WRITEDATA, call);
+	SET_OPTION(easy, failed, CURLOPT_HEADERFUNCTION, HeaderCallback);
+	SET_OPTION(easy, failed, CURLOPT_HEADERDATA, call);
 	if (strcmp(call->method, "GET") == 0)
-		curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+		SET_OPTION(easy, failed, CURLOPT_HTTPGET, 1L);
 	else
 	{
 		if (strcmp(call->method, "POST") != 0)
-			curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, call->method);
+			SET_OPTION(easy, failed, CURLOPT_CUSTOMREQUEST, call->method);
 		if (call->body)
 		{
-			curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(call->body));
-			curl_easy_setopt(easy, CURLOPT_POSTFIELDS, call->body);
+			SET_OPTION(easy, failed, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(call->body));
+			SET_OPTION(easy, failed, CURLOPT_POSTFIELDS, call->body);
 		}
 	}
+	if (failed)
+	{
+		curl_easy_cleanup(easy);
+		Refuse(call, false, "%s %s was not called: curl refused its option %s",
+			   call->method, call->url, failed);
+		dlist_push_tail(&Done, &call->node);
+		NumDone++;
+		return;
+	}
+	call->easy = easy;
 	dlist_push_tail(&InFlight, &call->node);
 	NumInFlight++;
 	if (curl_multi_add_handle(Multi, easy) != CURLM_OK)
@@ -639,6 +645,8 @@ ClaimAndStart(int room)
 		MemoryContext old = MemoryContextSwitchTo(cxt);
 		HttpCall   *call = palloc0(sizeof(HttpCall));
 		char	   *key;
+		char	   *normal;
+		const char *why;
 
 		call->cxt = cxt;
 		call->lease = step->lease;
@@ -651,7 +659,9 @@ ClaimAndStart(int room)
 															 NumericGetDatum(JsonbField(step->call, "timeout_ms")->val.numeric)));
 		initStringInfo(&call->response);
 		key = text_to_cstring(ClaimedStepKey(step));
-		if (!HttpAllowed(call->url))
+		if ((normal = UrlNormalize(call->url, &why)) == NULL)
+			Refuse(call, false, "%s cannot be called: %s", call->url, why);
+		else if (!UrlAllowed(call->url = normal))
 			Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
 				   call->url, call->task);
 		else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
@@ -919,10 +929,14 @@ HttpInit(void)
 	if (Multi == NULL)
 		ereport(FATAL,
 				(errmsg("dwarf: could not initialize libcurl")));
-	curl_multi_setopt(Multi, CURLMOPT_SOCKETFUNCTION, SocketCallback);
-	curl_multi_setopt(Multi, CURLMOPT_TIMERFUNCTION, TimerCallback);
-	curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long) dwarf_http_max_host_connections);
-	curl_multi_setopt(Multi, CURLMOPT_MAXCONNECTS, (long) Min(dwarf_http_max_in_flight, 10000));
+	if (curl_multi_setopt(Multi, CURLMOPT_SOCKETFUNCTION, SocketCallback) != CURLM_OK ||
+		curl_multi_setopt(Multi, CURLMOPT_TIMERFUNCTION, TimerCallback) != CURLM_OK ||
+		curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+						  (long) dwarf_http_max_host_connections) != CURLM_OK ||
+		curl_multi_setopt(Multi, CURLMOPT_MAXCONNECTS,
+						  (long) Min(dwarf_http_max_in_flight, 10000)) != CURLM_OK)
+		ereport(FATAL,
+				(errmsg("dwarf: libcurl refused the settings of HTTP calls")));
 
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(curl_socket_t);
@@ -988,8 +1002,11 @@ DwarfHttpMain(Datum arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
-			curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS,
-							  (long) dwarf_http_max_host_connections);
+			if (curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+								  (long) dwarf_http_max_host_connections) != CURLM_OK)
+				ereport(WARNING,
+						(errmsg("dwarf: libcurl refused dwarf.http_max_host_connections = %d",
+								dwarf_http_max_host_connections)));
 		}
 		MemoryContextSwitchTo(loop_cxt);
 		WriteAnswers();
