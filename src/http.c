@@ -46,6 +46,7 @@
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "lib/ilist.h"
+#include "lib/pairingheap.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
@@ -158,6 +159,9 @@ typedef struct HttpCall
 	const char *method;
 	const char *url;
 	int64		timeout_ms;
+	TimestampTz deadline;		/* when it is closed as timed out, whatever
+								 * curl says: before its lease ends */
+	pairingheap_node in_deadlines;	/* on Deadlines, while in flight */
 	CURL	   *easy;
 	struct curl_slist *headers;
 	char	   *body;			/* the request's, or NULL */
@@ -186,6 +190,9 @@ static TimestampTz LimitDue = 0;	/* when a step left for want of room under
 static TimestampTz CurlDue = 0; /* when curl wants its timeout action; 0: never */
 static dlist_head InFlight = DLIST_STATIC_INIT(InFlight);
 static dlist_head Done = DLIST_STATIC_INIT(Done);
+static pairingheap *Deadlines = NULL;	/* the calls in flight, soonest
+										 * deadline first */
+static uint64 SeenHttpEnded = 0;	/* OffersHttpEnded() at the last look */
 static int	NumInFlight = 0;
 static int	NumDone = 0;
 static MemoryContext CallsContext = NULL;
@@ -408,12 +415,16 @@ Conclude(HttpCall *call, CURLcode result)
 			   "%s %s failed: %s", call->method, call->url, detail);
 }
 
-/* A call is done: its answer waits to be written. */
+/*
+ * A call's transfer ends: its handle leaves curl (which closes the
+ * connection of a transfer not finished), and the call leaves InFlight.
+ */
 static void
-MoveToDone(HttpCall *call)
+EndTransfer(HttpCall *call)
 {
 	if (call->easy)
 	{
+		pairingheap_remove(Deadlines, &call->in_deadlines);
 		curl_multi_remove_handle(Multi, call->easy);
 		curl_easy_cleanup(call->easy);
 		call->easy = NULL;
@@ -423,8 +434,93 @@ MoveToDone(HttpCall *call)
 	if (call->headers)
 		curl_slist_free_all(call->headers);
 	call->headers = NULL;
+}
+
+/* A call is done: its answer waits to be written. */
+static void
+MoveToDone(HttpCall *call)
+{
+	EndTransfer(call);
 	dlist_push_tail(&Done, &call->node);
 	NumDone++;
+}
+
+/*
+ * Forgets a call in flight whose lease ended under it (the flow was
+ * cancelled or closed, or the lease ran out): its connection is closed at
+ * once, and no answer is written (none would be taken).
+ */
+static void
+DropCall(HttpCall *call)
+{
+	EndTransfer(call);
+	MemoryContextDelete(call->cxt);
+}
+
+/*
+ * Closes the calls in flight whose leases ended under them, when any
+ * HTTP lease ended since the last look (offers.c counts them, and wakes
+ * this process): a cancelled flow's calls are closed within moments of
+ * the cancel, and a call whose lease ran out is closed before its next
+ * attempt is claimed, so the service never has two of one step's
+ * attempts open from here at once.
+ */
+static void
+DropEndedCalls(void)
+{
+	uint64		ended = OffersHttpEnded();
+	int64	   *leases;
+	bool	   *gone;
+	HttpCall  **calls;
+	dlist_iter	it;
+	int			n = 0,
+				i;
+
+	if (ended == SeenHttpEnded)
+		return;
+	SeenHttpEnded = ended;		/* read first: a later end is seen next time */
+	if (NumInFlight == 0)
+		return;
+	leases = palloc(sizeof(int64) * NumInFlight);
+	gone = palloc(sizeof(bool) * NumInFlight);
+	calls = palloc(sizeof(HttpCall *) * NumInFlight);
+	dlist_foreach(it, &InFlight)
+	{
+		calls[n] = dlist_container(HttpCall, node, it.cur);
+		leases[n] = calls[n]->lease;
+		n++;
+	}
+	LeasesEnded(leases, n, gone);
+	for (i = 0; i < n; i++)
+		if (gone[i])
+			DropCall(calls[i]);
+	pfree(leases);
+	pfree(gone);
+	pfree(calls);
+}
+
+/*
+ * Ends, as timed out, the calls in flight past their deadline: curl's
+ * timeout ends a call first, unless the call waited in curl's queue for a
+ * connection, or this process was held up.  Its connection is closed
+ * before its lease ends, so that its next attempt cannot overlap it.
+ */
+static void
+EndLateCalls(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	while (!pairingheap_is_empty(Deadlines))
+	{
+		HttpCall   *call = pairingheap_container(HttpCall, in_deadlines,
+												 pairingheap_first(Deadlines));
+
+		if (call->deadline > now)
+			break;
+		Refuse(call, true, "%s %s timed out after " INT64_FORMAT " ms",
+			   call->method, call->url, call->timeout_ms);
+		MoveToDone(call);
+	}
 }
 
 /* Takes the transfers curl has finished. */
@@ -591,6 +687,7 @@ StartTransfer(HttpCall *call)
 	call->easy = easy;
 	dlist_push_tail(&InFlight, &call->node);
 	NumInFlight++;
+	pairingheap_add(Deadlines, &call->in_deadlines);
 	if (curl_multi_add_handle(Multi, easy) != CURLM_OK)
 	{
 		Refuse(call, true, "%s %s failed: curl could not start a transfer", call->method, call->url);
@@ -657,6 +754,7 @@ ClaimAndStart(int room)
 		call->url = CallField(step->call, "url");
 		call->timeout_ms = DatumGetInt64(DirectFunctionCall1(numeric_int8,
 															 NumericGetDatum(JsonbField(step->call, "timeout_ms")->val.numeric)));
+		call->deadline = step->lease_until - DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000) / 2;
 		initStringInfo(&call->response);
 		key = text_to_cstring(ClaimedStepKey(step));
 		if ((normal = UrlNormalize(call->url, &why)) == NULL)
@@ -682,6 +780,7 @@ ClaimAndStart(int room)
 	}
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	DropEndedCalls();			/* an earlier attempt of one of these: closed first */
 	foreach(lc, ready)
 		StartTransfer(lfirst(lc));
 }
@@ -861,11 +960,19 @@ WaitAndAct(void)
 	int			n,
 				i;
 
-	if (CurlDue > 0 || LimitDue > 0)
+	if (CurlDue > 0 || LimitDue > 0 || !pairingheap_is_empty(Deadlines))
 	{
 		TimestampTz now = GetCurrentTimestamp();
 		TimestampTz due = CurlDue > 0 && (LimitDue == 0 || CurlDue < LimitDue) ? CurlDue : LimitDue;
 
+		if (!pairingheap_is_empty(Deadlines))
+		{
+			TimestampTz late = pairingheap_container(HttpCall, in_deadlines,
+													 pairingheap_first(Deadlines))->deadline;
+
+			if (due == 0 || late < due)
+				due = late;
+		}
 		timeout = due <= now ? 0 : TimestampDifferenceMilliseconds(now, due) + 1;
 		if (LimitDue > 0 && LimitDue <= now)
 			LimitDue = 0;		/* the claim that follows looks again */
@@ -884,6 +991,7 @@ WaitAndAct(void)
 		curl_multi_socket_action(Multi, CURL_SOCKET_TIMEOUT, 0, &running);
 	}
 	ReadFinished();
+	EndLateCalls();
 }
 
 /* Exits when dwarf is not installed in this database (or was dropped). */
@@ -906,6 +1014,16 @@ ExitIfNoExtension(void)
 		Slot->no_extension = true;
 		proc_exit(0);
 	}
+}
+
+/* Deadlines' order: the soonest first (pairingheap puts the greatest first). */
+static int
+DeadlineFirst(const pairingheap_node *a, const pairingheap_node *b, void *arg)
+{
+	TimestampTz da = pairingheap_const_container(HttpCall, in_deadlines, a)->deadline;
+	TimestampTz db = pairingheap_const_container(HttpCall, in_deadlines, b)->deadline;
+
+	return da < db ? 1 : da > db ? -1 : 0;
 }
 
 /* Sets up libcurl's multi handle, and room for thousands of sockets. */
@@ -953,6 +1071,7 @@ HttpInit(void)
 	AddWaitEventToSet(WaitSet, WL_SOCKET_READABLE, Epoll, NULL, NULL);
 	CallsContext = AllocSetContextCreate(TopMemoryContext, "dwarf http calls",
 										 ALLOCSET_DEFAULT_SIZES);
+	Deadlines = pairingheap_allocate(DeadlineFirst, NULL);
 }
 
 /*
@@ -1019,6 +1138,7 @@ DwarfHttpMain(Datum arg)
 
 		/* claims after the watch starts: no offer goes unseen */
 		OffersWatch(DWARF_HTTP_QUEUE);
+		DropEndedCalls();
 		if (NumInFlight + NumDone < dwarf_http_max_in_flight)
 			ClaimAndStart(dwarf_http_max_in_flight - NumInFlight - NumDone);
 		MemoryContextSwitchTo(loop_cxt);

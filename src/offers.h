@@ -153,6 +153,10 @@ extern LeaseEnd LeaseLookup(int64 lease, LeaseInfo *info);
 extern List *OffersList(const char *queue);
 extern LeaseEnd LeaseExtend(int64 lease, int64 us, LeaseInfo *info);
 
+/* the HTTP process */
+extern uint64 OffersHttpEnded(void);
+extern void LeasesEnded(const int64 *leases, int n, bool *ended);
+
 /* external.c: what dwarf.complete and fail write, for the HTTP process too */
 extern void WriteAnswer(int64 lease, const char *status, Jsonb *changes, Jsonb *error,
 						bool retryable, const char *function);
