@@ -397,6 +397,25 @@ IntervalValue(JsonbValue *v, const char *what)
 	return us;
 }
 
+/*
+ * An interval of a task's definition that must be longer than zero and at
+ * most max_us (most says how much, in words).
+ */
+static int64
+BoundedInterval(JsonbValue *v, const char *what, int64 max_us, const char *most)
+{
+	int64		us = IntervalValue(v, what);
+
+	if (us <= 0)
+		DefinitionError("invalid graph definition: %s must be longer than zero", what);
+	if (us > max_us)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: %s is longer than %s", what, most),
+				 errhint("A month counts as 30 days.")));
+	return us;
+}
+
 /* A number JsonbValue as a double, or an error naming what it is. */
 static double
 NumberValue(JsonbValue *v, const char *what)
@@ -762,11 +781,8 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 			kinds++;
 		}
 		else if (strcmp(key, "timeout") == 0)
-		{
-			timeout_us = IntervalValue(&val, what);
-			if (timeout_us <= 0)
-				DefinitionError("invalid graph definition: %s must be longer than zero", what);
-		}
+			timeout_us = BoundedInterval(&val, what, DWARF_MAX_HTTP_TIMEOUT,
+										 "1 day, the most an HTTP call may take");
 		else if (strcmp(key, "lease") == 0)
 		{
 			node->lease_us = IntervalValue(&val, what);
@@ -774,11 +790,8 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 				DefinitionError("invalid graph definition: %s must be longer than zero", what);
 		}
 		else if (strcmp(key, "time_budget") == 0)
-		{
-			node->time_budget_us = IntervalValue(&val, what);
-			if (node->time_budget_us <= 0)
-				DefinitionError("invalid graph definition: %s must be longer than zero", what);
-		}
+			node->time_budget_us = BoundedInterval(&val, what, DWARF_MAX_TIME_BUDGET,
+												   "7 days, the most a step's time_budget may be");
 		else if (strcmp(key, "limit") == 0)
 			ParseLimit(node, &val, what);
 		else if (strcmp(key, "retry") == 0)
