@@ -830,6 +830,7 @@ FillInfo(Offer *offer, LeaseInfo *info)
 	memcpy(info->task, offer->task, NAMEDATALEN);
 	info->leased_at = offer->leased_at;
 	info->lease_until = offer->lease_until;
+	info->http = offer->call_len > 0;
 }
 
 /*

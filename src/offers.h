@@ -90,6 +90,7 @@ typedef struct LeaseInfo
 	char		task[NAMEDATALEN];
 	TimestampTz leased_at;
 	TimestampTz lease_until;	/* or when it ended */
+	bool		http;			/* an HTTP task's call (queue dwarf.http) */
 } LeaseInfo;
 
 /* A step whose answer committed, for its worker to record. */
