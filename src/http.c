@@ -705,21 +705,78 @@ HttpCallFunction(void)
 						  1, argtypes, true);
 }
 
+/* A call for a claimed step: what the step says, nothing prepared yet. */
+static HttpCall *
+NewCall(ClaimedStep *step)
+{
+	MemoryContext cxt = AllocSetContextCreate(CallsContext, "dwarf http call",
+											  ALLOCSET_SMALL_SIZES);
+	HttpCall   *call = MemoryContextAllocZero(cxt, sizeof(HttpCall));
+
+	call->cxt = cxt;
+	call->lease = step->lease;
+	call->flow_id = step->key.flow_id;
+	strlcpy(call->task, step->task, NAMEDATALEN);
+	call->retry_after = -1;
+	call->deadline = step->lease_until - DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000) / 2;
+	return call;
+}
+
+/*
+ * Prepares the call of a claimed step, in the claim's transaction (fn is
+ * dwarf.http_call's oid): its URL in normal form, checked against
+ * dwarf.http_allow, the owner's EXECUTE on fn, the headers and the body.
+ * A call that may not be made is refused (call->message set).
+ */
+static HttpCall *
+PrepareCall(ClaimedStep *step, Oid fn)
+{
+	HttpCall   *call = NewCall(step);
+	MemoryContext old = MemoryContextSwitchTo(call->cxt);
+	char	   *key;
+	char	   *normal;
+	const char *why;
+
+	call->method = CallField(step->call, "method");
+	call->url = CallField(step->call, "url");
+	call->timeout_ms = DatumGetInt64(DirectFunctionCall1(numeric_int8,
+														 NumericGetDatum(JsonbField(step->call, "timeout_ms")->val.numeric)));
+	initStringInfo(&call->response);
+	key = text_to_cstring(ClaimedStepKey(step));
+	if ((normal = UrlNormalize(call->url, &why)) == NULL)
+		Refuse(call, false, "%s cannot be called: %s", call->url, why);
+	else if (!UrlAllowed(call->url = normal))
+		Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
+			   call->url, call->task);
+	else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		Refuse(call, false, "the owner of flow " INT64_FORMAT " (%s) may not make HTTP calls: it needs EXECUTE on dwarf.http_call(text)",
+			   call->flow_id, GetUserNameFromId(step->owner, true) ?
+			   GetUserNameFromId(step->owner, true) : "a dropped role");
+	else if (BuildHeaders(call, step, key) &&
+			 strcmp(call->method, "GET") != 0 && strcmp(call->method, "DELETE") != 0)
+		call->body = JsonbToCString(NULL, &step->input->root, VARSIZE(step->input));
+	MemoryContextSwitchTo(old);
+	return call;
+}
+
 /*
  * Claims up to room offered HTTP steps and starts their calls.  A short
  * transaction reads what the calls need of the catalogs (the owners'
  * EXECUTE on dwarf.http_call, the step keys); it ends before any call
- * starts.  A step that may not be called is answered as failed.
+ * starts.  A step that may not be called is answered as failed.  An error
+ * while the calls are prepared loses no claimed step: each is answered as
+ * a failed attempt (to be retried, the policy permitting) that says why,
+ * rather than left to its lease.
  */
 static void
 ClaimAndStart(int room)
 {
+	MemoryContext cxt = CurrentMemoryContext;
 	Oid		   *seen;
 	int			nseen;
 	List	   *claimed;
-	List	   *ready = NIL;
+	List	   *volatile calls = NIL;
 	ListCell   *lc;
-	Oid			fn;
 
 	if (!OffersHasReady(DWARF_HTTP_QUEUE))
 		return;
@@ -727,62 +784,61 @@ ClaimAndStart(int room)
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	claimed = ClaimOffered(DWARF_HTTP_QUEUE, room, 0, NULL, 0, true, &seen, &nseen, &LimitDue);
-	if (claimed == NIL)
+	PG_TRY();
 	{
+		Oid			fn = claimed ? HttpCallFunction() : InvalidOid;
+
+		foreach(lc, claimed)
+		{
+			HttpCall   *call = PrepareCall(lfirst(lc), fn);
+			MemoryContext old = MemoryContextSwitchTo(cxt);
+
+			calls = lappend(calls, call);
+			MemoryContextSwitchTo(old);
+		}
 		PopActiveSnapshot();
 		CommitTransactionCommand();
-		return;
 	}
-	fn = HttpCallFunction();
-	foreach(lc, claimed)
+	PG_CATCH();
 	{
-		ClaimedStep *step = lfirst(lc);
-		MemoryContext cxt = AllocSetContextCreate(CallsContext, "dwarf http call",
-												  ALLOCSET_SMALL_SIZES);
-		MemoryContext old = MemoryContextSwitchTo(cxt);
-		HttpCall   *call = palloc0(sizeof(HttpCall));
-		char	   *key;
-		char	   *normal;
-		const char *why;
+		ErrorData  *edata;
+		int			i = 0;
 
-		call->cxt = cxt;
-		call->lease = step->lease;
-		call->flow_id = step->key.flow_id;
-		strlcpy(call->task, step->task, NAMEDATALEN);
-		call->retry_after = -1;
-		call->method = CallField(step->call, "method");
-		call->url = CallField(step->call, "url");
-		call->timeout_ms = DatumGetInt64(DirectFunctionCall1(numeric_int8,
-															 NumericGetDatum(JsonbField(step->call, "timeout_ms")->val.numeric)));
-		call->deadline = step->lease_until - DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000) / 2;
-		initStringInfo(&call->response);
-		key = text_to_cstring(ClaimedStepKey(step));
-		if ((normal = UrlNormalize(call->url, &why)) == NULL)
-			Refuse(call, false, "%s cannot be called: %s", call->url, why);
-		else if (!UrlAllowed(call->url = normal))
-			Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
-				   call->url, call->task);
-		else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
-			Refuse(call, false, "the owner of flow " INT64_FORMAT " (%s) may not make HTTP calls: it needs EXECUTE on dwarf.http_call(text)",
-				   call->flow_id, GetUserNameFromId(step->owner, true) ?
-				   GetUserNameFromId(step->owner, true) : "a dropped role");
-		else if (BuildHeaders(call, step, key))
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		foreach(lc, claimed)
 		{
-			if (strcmp(call->method, "GET") != 0 && strcmp(call->method, "DELETE") != 0)
-				call->body = JsonbToCString(NULL, &step->input->root, VARSIZE(step->input));
-			ready = lappend(ready, call);
-			MemoryContextSwitchTo(old);
-			continue;
+			HttpCall   *call = i < list_length(calls) ? list_nth(calls, i) : NewCall(lfirst(lc));
+
+			if (call->message == NULL)
+				Refuse(call, true, "the HTTP process could not prepare the call of task \"%s\": %s",
+					   call->task, edata->message);
+			if (i++ >= list_length(calls))
+				calls = lappend(calls, call);
 		}
-		MemoryContextSwitchTo(old);
-		dlist_push_tail(&Done, &call->node);
-		NumDone++;
+		AbortCurrentTransaction();
+		ereport(LOG,
+				(errmsg("dwarf: could not prepare %d HTTP calls: %s", list_length(claimed),
+						edata->message),
+				 errdetail("Each is answered as a failed attempt.")));
+		FreeErrorData(edata);
 	}
-	PopActiveSnapshot();
-	CommitTransactionCommand();
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
 	DropEndedCalls();			/* an earlier attempt of one of these: closed first */
-	foreach(lc, ready)
-		StartTransfer(lfirst(lc));
+	foreach(lc, calls)
+	{
+		HttpCall   *call = lfirst(lc);
+
+		if (call->message == NULL)
+			StartTransfer(call);
+		else
+		{
+			dlist_push_tail(&Done, &call->node);
+			NumDone++;
+		}
+	}
 }
 
 /* A failed call's error, as dwarf.fail writes one (its worker names the task). */
