@@ -25,6 +25,14 @@
  * called again, with the same Idempotency-Key (the step key): a call is
  * made at least once.
  *
+ * A call ends before its lease does: curl's timeout ends it, or, for a
+ * call that waited in curl's queue for a connection (curl does not time
+ * those out while they wait), its deadline, half the lease's margin before
+ * the lease ends (EndLateCalls).  A lease that ends under a call anyway
+ * (its flow was cancelled or closed, or it ran out) wakes this process,
+ * which closes the call at once (DropEndedCalls), and before it starts any
+ * call it has just claimed: one step's attempts are never open at once.
+ *
  * Before a call: its URL, in normal form (url.c), must be inside one of
  * dwarf.http_allow's prefixes, and the flow's owner must have EXECUTE on
  * dwarf.http_call; otherwise the step fails and no request is made.  The
@@ -203,9 +211,8 @@ DWARF_FUNCTION(dwarf_http_call);
 /*
  * dwarf.http_call(url): may the HTTP tasks of flows owned by roles with
  * EXECUTE on this function call url (is its normal form inside
- * dwarf.http_allow, url.c)?  The
- * function's EXECUTE privilege is what the HTTP process checks of a flow's
- * owner before each call.
+ * dwarf.http_allow, url.c)?  The function's EXECUTE privilege is what the
+ * HTTP process checks of a flow's owner before each call.
  */
 Datum
 dwarf_http_call(PG_FUNCTION_ARGS)
@@ -835,6 +842,9 @@ ClaimAndStart(int room)
 			StartTransfer(call);
 		else
 		{
+			if (call->headers)	/* prepared, then refused by an error */
+				curl_slist_free_all(call->headers);
+			call->headers = NULL;
 			dlist_push_tail(&Done, &call->node);
 			NumDone++;
 		}
@@ -1127,7 +1137,10 @@ HttpInit(void)
 	AddWaitEventToSet(WaitSet, WL_SOCKET_READABLE, Epoll, NULL, NULL);
 	CallsContext = AllocSetContextCreate(TopMemoryContext, "dwarf http calls",
 										 ALLOCSET_DEFAULT_SIZES);
-	Deadlines = pairingheap_allocate(DeadlineFirst, NULL);
+	Deadlines = MemoryContextAllocZero(TopMemoryContext, sizeof(pairingheap));
+	Deadlines->ph_compare = DeadlineFirst;
+	Deadlines->ph_arg = NULL;
+	Deadlines->ph_root = NULL;
 }
 
 /*
