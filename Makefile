@@ -35,6 +35,7 @@ OBJS = \
 	src/offers.o \
 	src/external.o \
 	src/http.o \
+	src/url.o \
 	src/stats.o
 
 # HTTP tasks' calls (src/http.c): Debian's libcurl4-openssl-dev to build, libcurl4 to run.

@@ -185,12 +185,18 @@ OptionsFromArgs(FunctionCallInfo fcinfo, int first)
 	if (!PG_ARGISNULL(first + 2))
 	{
 		Interval   *budget = PG_GETARG_INTERVAL_P(first + 2);
+		int64		us = IntervalMicros(budget, NULL);
 		char	   *text;
 
-		if (budget->time <= 0 && budget->day <= 0 && budget->month <= 0)
+		if (us <= 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("time_budget must be positive")));
+		if (us > DWARF_MAX_TIME_BUDGET)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("time_budget is longer than 7 days, the most a step's time_budget may be"),
+					 errhint("A month counts as 30 days.")));
 		text = DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(budget)));
 		keys[n] = "time_budget";
 		values[n].type = jbvString;

@@ -177,14 +177,26 @@ DWARF_FUNCTION(dwarf_sleep);
 /*
  * dwarf.sleep(duration): what follows this step runs only after duration.
  * The flow holds no worker while it waits, and the wait survives restarts.
- * Several calls (and a retry's backoff) add up.
+ * Several calls (and a retry's backoff) add up.  One sleep is at most
+ * DWARF_MAX_SLEEP, and what a step's calls add up to at most
+ * DWARF_MAX_INTERVAL.
  */
 Datum
 dwarf_sleep(PG_FUNCTION_ARGS)
 {
 	StepContext *step = CurrentStep("dwarf.sleep()");
+	int64		us = IntervalMicros(PG_GETARG_INTERVAL_P(0), "sleep duration");
 
-	step->delay_us += IntervalMicros(PG_GETARG_INTERVAL_P(0), "sleep duration");
+	if (us > DWARF_MAX_SLEEP)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("sleep duration is longer than 366 days, the most dwarf.sleep() waits"),
+				 errhint("A month counts as 30 days, so '1 year' is 360 days.")));
+	if (step->delay_us + us > DWARF_MAX_INTERVAL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("this step's sleeps and backoff add up to more than 100 years")));
+	step->delay_us += us;
 	PG_RETURN_VOID();
 }
 

@@ -32,6 +32,7 @@
 #include "limits.h"
 #include "partitions.h"
 #include "stats.h"
+#include "url.h"
 
 extern DWARF_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
@@ -392,12 +393,13 @@ _PG_init(void)
 							   "URL prefixes HTTP tasks may call, separated by commas.",
 							   "Empty (the default) allows no call: no HTTP process runs, and HTTP steps wait. "
 							   "A step whose URL starts with none of them fails without a request. "
-							   "End each prefix with a slash (\"https://api.example.com/\"), or it allows more hosts than it names.",
+							   "Prefixes and URLs are compared in normal form (dot-segments resolved, escapes, case of scheme and host, "
+							   "default ports), and a prefix ends at a path segment: \"https://api.example.com/v1\" allows \"/v1/x\", not \"/v1x\".",
 							   &dwarf_http_allow,
 							   "",
 							   PGC_SIGHUP,
 							   0,
-							   NULL, NULL, NULL);
+							   UrlCheckAllow, NULL, NULL);
 
 	DefineCustomIntVariable("dwarf.http_max_response",
 							"Largest answer body an HTTP task takes.",

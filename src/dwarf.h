@@ -70,6 +70,16 @@ extern int	dwarf_stats_entries;	/* graphs' and tasks' statistics kept (stats.c) 
 /* The longest interval dwarf takes (sleep, retry, timeouts): 100 years. */
 #define DWARF_MAX_INTERVAL	(INT64CONST(36525) * USECS_PER_DAY)
 
+/*
+ * Bounds of what a user would not mean past them (README, "Limits").  In
+ * interval arithmetic a month is 30 days, so '1 year' is 360 days: the
+ * bounds are whole days, compared with the interval's microseconds, and
+ * sleep's lets '1 year' and '365 days' both in.
+ */
+#define DWARF_MAX_HTTP_TIMEOUT	(INT64CONST(1) * USECS_PER_DAY)	/* an HTTP task's timeout */
+#define DWARF_MAX_TIME_BUDGET	(INT64CONST(7) * USECS_PER_DAY)	/* a step's time_budget */
+#define DWARF_MAX_SLEEP			(INT64CONST(366) * USECS_PER_DAY)	/* one dwarf.sleep */
+
 /* How deep dwarf.subgraph may nest flows (the root is depth 0). */
 #define DWARF_MAX_DEPTH		32
 

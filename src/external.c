@@ -350,7 +350,9 @@ LeaseNotHeld(int64 lease, LeaseEnd why, LeaseInfo *info, const char *function)
 
 /*
  * Only a role with the privileges of a step's flow's owner may answer the
- * step or extend its lease (as only such a role may claim it).
+ * step or extend its lease (as only such a role may claim it), and no one
+ * answers or extends the lease of an HTTP task's call but the HTTP process
+ * that makes it (it answers with WriteAnswer directly).
  */
 static void
 CheckMayAnswer(int64 lease, const char *function)
@@ -365,6 +367,12 @@ CheckMayAnswer(int64 lease, const char *function)
 				 errmsg("%s: permission denied for the step of flow " INT64_FORMAT,
 						function, info.key.flow_id),
 				 errdetail("Only a role with the privileges of the flow's owner may answer its steps or extend their leases.")));
+	if (info.http)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("%s: lease " INT64_FORMAT " is of an HTTP call (queue \"%s\"), which only dwarf's HTTP process answers",
+						function, lease, DWARF_HTTP_QUEUE),
+				 errdetail("The step is task \"%s\" of flow " INT64_FORMAT ".", info.task, info.key.flow_id)));
 }
 
 /* Kept statements. */

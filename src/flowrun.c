@@ -215,10 +215,39 @@ FlowFindToken(FlowRun *flow, int token_id)
 	return flow->by_id[token_id];
 }
 
-/* Closes the flow; its remaining tokens will never run. */
+/*
+ * Does the flow hold offers (offers.c) that must be withdrawn when it is
+ * dropped or closed?  Its tokens offered, and those whose answer it took
+ * but has not recorded yet: their offers stay answering until recorded,
+ * and a flow that closes first would leave them so for good, holding
+ * room of dwarf.max_external_steps (a failed for_each of HTTP calls left
+ * 32,827).
+ */
+bool
+FlowHoldsOffers(FlowRun *flow)
+{
+	dlist_iter	iter;
+
+	if (flow->offered > 0)
+		return true;
+	if (!flow->graph->has_external)
+		return false;
+	foreach_token(iter, flow)
+		if (iter_token(iter)->answer != NULL)
+			return true;
+	return false;
+}
+
+/*
+ * Closes the flow; its remaining tokens will never run.  Whether it held
+ * offers is kept in offered (as 1 when only answers held them), for
+ * WriteClose to withdraw them once the tokens are gone.
+ */
 static void
 CloseFlow(FlowRun *flow, FlowStatus status, Jsonb *state, const char *error)
 {
+	if (flow->offered == 0 && FlowHoldsOffers(flow))
+		flow->offered = 1;
 	flow->status = status;
 	flow->final_state = state;
 	flow->error = error ? pstrdup(error) : NULL;

@@ -152,6 +152,7 @@ extern Jsonb *FlowTokenState(FlowRun *flow, Token *token);
 extern void FlowAdvance(FlowRun *flow, Token *token, StepOutcome *outcome);
 extern void FlowRunFree(FlowRun *flow);
 extern Jsonb *FlowStateSoFar(FlowRun *flow);
+extern bool FlowHoldsOffers(FlowRun *flow);
 
 /* Each live token of a flow, in the order they were made. */
 #define foreach_token(iter, flow) dlist_foreach(iter, &(flow)->tokens)

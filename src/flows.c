@@ -676,8 +676,9 @@ CancelDescendants(int64 flow_id, int64 root, const char *reason)
 	else
 		for (i = 0; i < total; i++)
 		{
-			NoteOnCommit(ids[i], NOTE_RELOAD_FLOW, true);
+			/* the cancel first: its worker withdraws what the flow offered */
 			NoteOnCommit(ids[i], NOTE_CANCEL_FLOW, false);
+			NoteOnCommit(ids[i], NOTE_RELOAD_FLOW, true);
 		}
 	return total;
 }
@@ -706,8 +707,8 @@ FailTreeOnCap(int64 root)
 	if (SPI_processed == 1)
 	{
 		StatsClosedRows(1, STATS_FAILED);
-		NoteOnCommit(root, NOTE_RELOAD_FLOW, true);
 		NoteOnCommit(root, NOTE_CANCEL_FLOW, false);
+		NoteOnCommit(root, NOTE_RELOAD_FLOW, true);
 	}
 	(void) CancelDescendants(root, root,
 							 psprintf("flow " INT64_FORMAT " failed: its tree reached dwarf.max_tree_flows",

@@ -33,6 +33,7 @@
 #include "graph.h"
 #include "flows.h"
 #include "json.h"
+#include "url.h"
 
 #define DefinitionError(...) \
 	ereport(ERROR, \
@@ -396,6 +397,25 @@ IntervalValue(JsonbValue *v, const char *what)
 	return us;
 }
 
+/*
+ * An interval of a task's definition that must be longer than zero and at
+ * most max_us (most says how much, in words).
+ */
+static int64
+BoundedInterval(JsonbValue *v, const char *what, int64 max_us, const char *most)
+{
+	int64		us = IntervalValue(v, what);
+
+	if (us <= 0)
+		DefinitionError("invalid graph definition: %s must be longer than zero", what);
+	if (us > max_us)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid graph definition: %s is longer than %s", what, most),
+				 errhint("A month counts as 30 days.")));
+	return us;
+}
+
 /* A number JsonbValue as a double, or an error naming what it is. */
 static double
 NumberValue(JsonbValue *v, const char *what)
@@ -642,7 +662,10 @@ ParseHttpHeader(JsonbParseState **state, const char *task, const char *name, Jso
 /*
  * An HTTP task's call: "POST http://host/path" (a URL alone is a POST), or
  * {"method", "url", "headers"}.  Checked here, at define: the method, an
- * http or https URL, the headers.  Returns {"method", "url", "headers"}.
+ * http or https URL that has a normal form (url.c: no user information),
+ * the headers.  Returns {"method", "url", "headers"}, the URL in normal
+ * form, which is what the HTTP process checks against dwarf.http_allow and
+ * calls.
  */
 static Jsonb *
 ParseHttp(GraphNode *node, JsonbValue *v)
@@ -655,7 +678,8 @@ ParseHttp(GraphNode *node, JsonbValue *v)
 	JsonbParseState *state = NULL;
 	JsonbValue	k,
 				val;
-	const char *rest;
+	char	   *normal;
+	const char *why;
 	bool		known = false;
 	int			i;
 
@@ -707,14 +731,15 @@ ParseHttp(GraphNode *node, JsonbValue *v)
 				 errmsg("invalid graph definition: \"%s\" is not a method task \"%s\" may call with",
 						method, node->name),
 				 errhint("An HTTP task's method is GET, POST, PUT, PATCH or DELETE (in capitals).")));
-	rest = strncmp(url, "http://", 7) == 0 ? url + 7 :
-		strncmp(url, "https://", 8) == 0 ? url + 8 : NULL;
-	if (rest == NULL || rest[0] == '\0' || rest[0] == '/' || strlen(url) > 2048 ||
-		strpbrk(url, " \t\r\n\"<>\\^`{|}") != NULL)
+	normal = UrlNormalize(url, &why);
+	if (normal == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid graph definition: \"%s\" is not a URL task \"%s\" may call", url, node->name),
-				 errhint("An HTTP task calls an http:// or https:// URL with a host, of at most 2048 characters, without spaces.")));
+				 errdetail("The URL cannot be used: %s.", why),
+				 errhint("An HTTP task calls an http:// or https:// URL with a host, of at most %d characters, without spaces or user information.",
+						 DWARF_MAX_URL)));
+	url = normal;
 
 	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
 	k.type = jbvString;
@@ -797,11 +822,8 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 			kinds++;
 		}
 		else if (strcmp(key, "timeout") == 0)
-		{
-			timeout_us = IntervalValue(&val, what);
-			if (timeout_us <= 0)
-				DefinitionError("invalid graph definition: %s must be longer than zero", what);
-		}
+			timeout_us = BoundedInterval(&val, what, DWARF_MAX_HTTP_TIMEOUT,
+										 "1 day, the most an HTTP call may take");
 		else if (strcmp(key, "lease") == 0)
 		{
 			node->lease_us = IntervalValue(&val, what);
@@ -809,11 +831,8 @@ ParseTaskObject(GraphNode *node, JsonbValue *v)
 				DefinitionError("invalid graph definition: %s must be longer than zero", what);
 		}
 		else if (strcmp(key, "time_budget") == 0)
-		{
-			node->time_budget_us = IntervalValue(&val, what);
-			if (node->time_budget_us <= 0)
-				DefinitionError("invalid graph definition: %s must be longer than zero", what);
-		}
+			node->time_budget_us = BoundedInterval(&val, what, DWARF_MAX_TIME_BUDGET,
+												   "7 days, the most a step's time_budget may be");
 		else if (strcmp(key, "limit") == 0)
 			ParseLimit(node, &val, what);
 		else if (strcmp(key, "retry") == 0)

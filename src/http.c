@@ -25,11 +25,21 @@
  * called again, with the same Idempotency-Key (the step key): a call is
  * made at least once.
  *
- * Before a call: its URL must start with one of dwarf.http_allow's
- * prefixes, and the flow's owner must have EXECUTE on dwarf.http_call;
- * otherwise the step fails and no request is made.  Redirects are not
- * followed; an answer past dwarf.http_max_response aborts its transfer;
- * TLS certificates and host names are verified (curl's defaults, kept).
+ * A call ends before its lease does: curl's timeout ends it, or, for a
+ * call that waited in curl's queue for a connection (curl does not time
+ * those out while they wait), its deadline, half the lease's margin before
+ * the lease ends (EndLateCalls).  A lease that ends under a call anyway
+ * (its flow was cancelled or closed, or it ran out) wakes this process,
+ * which closes the call at once (DropEndedCalls), and before it starts any
+ * call it has just claimed: one step's attempts are never open at once.
+ *
+ * Before a call: its URL, in normal form (url.c), must be inside one of
+ * dwarf.http_allow's prefixes, and the flow's owner must have EXECUTE on
+ * dwarf.http_call; otherwise the step fails and no request is made.  The
+ * normal form is the URL sent.  No proxy is used (the server's environment
+ * is not asked), redirects are not followed; an answer past
+ * dwarf.http_max_response aborts its transfer; TLS certificates and host
+ * names are verified (curl's defaults, kept).
  */
 #include "postgres.h"
 
@@ -44,6 +54,7 @@
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "lib/ilist.h"
+#include "lib/pairingheap.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
@@ -67,6 +78,7 @@
 #include "http.h"
 #include "json.h"
 #include "offers.h"
+#include "url.h"
 
 /*
  * libcurl, loaded by the HTTP process alone (LoadCurl).  Linked into
@@ -155,6 +167,9 @@ typedef struct HttpCall
 	const char *method;
 	const char *url;
 	int64		timeout_ms;
+	TimestampTz deadline;		/* when it is closed as timed out, whatever
+								 * curl says: before its lease ends */
+	pairingheap_node in_deadlines;	/* on Deadlines, while in flight */
 	CURL	   *easy;
 	struct curl_slist *headers;
 	char	   *body;			/* the request's, or NULL */
@@ -183,54 +198,32 @@ static TimestampTz LimitDue = 0;	/* when a step left for want of room under
 static TimestampTz CurlDue = 0; /* when curl wants its timeout action; 0: never */
 static dlist_head InFlight = DLIST_STATIC_INIT(InFlight);
 static dlist_head Done = DLIST_STATIC_INIT(Done);
+static pairingheap *Deadlines = NULL;	/* the calls in flight, soonest
+										 * deadline first */
+static uint64 SeenHttpEnded = 0;	/* OffersHttpEnded() at the last look */
 static int	NumInFlight = 0;
 static int	NumDone = 0;
 static MemoryContext CallsContext = NULL;
 static DwarfWorkerSlot *Slot = NULL;
 
-/*
- * Is url inside dwarf.http_allow, a comma-separated list of URL prefixes?
- * Empty allows nothing.
- */
-bool
-HttpAllowed(const char *url)
-{
-	char	   *list;
-	List	   *prefixes;
-	ListCell   *lc;
-	bool		allowed = false;
-
-	if (dwarf_http_allow == NULL || dwarf_http_allow[0] == '\0')
-		return false;
-	list = pstrdup(dwarf_http_allow);
-	if (!SplitGUCList(list, ',', &prefixes))
-		return false;
-	foreach(lc, prefixes)
-	{
-		const char *prefix = lfirst(lc);
-
-		if (prefix[0] != '\0' && strncmp(url, prefix, strlen(prefix)) == 0)
-			allowed = true;
-	}
-	list_free(prefixes);
-	pfree(list);
-	return allowed;
-}
-
 DWARF_FUNCTION(dwarf_http_call);
 
 /*
  * dwarf.http_call(url): may the HTTP tasks of flows owned by roles with
- * EXECUTE on this function call url (is it inside dwarf.http_allow)?  The
- * function's EXECUTE privilege is what the HTTP process checks of a flow's
- * owner before each call.
+ * EXECUTE on this function call url (is its normal form inside
+ * dwarf.http_allow, url.c)?  The function's EXECUTE privilege is what the
+ * HTTP process checks of a flow's owner before each call.
  */
 Datum
 dwarf_http_call(PG_FUNCTION_ARGS)
 {
+	const char *why;
+	char	   *normal;
+
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
-	PG_RETURN_BOOL(HttpAllowed(text_to_cstring(PG_GETARG_TEXT_PP(0))));
+	normal = UrlNormalize(text_to_cstring(PG_GETARG_TEXT_PP(0)), &why);
+	PG_RETURN_BOOL(normal != NULL && UrlAllowed(normal));
 }
 
 /*
@@ -429,12 +422,16 @@ Conclude(HttpCall *call, CURLcode result)
 			   "%s %s failed: %s", call->method, call->url, detail);
 }
 
-/* A call is done: its answer waits to be written. */
+/*
+ * A call's transfer ends: its handle leaves curl (which closes the
+ * connection of a transfer not finished), and the call leaves InFlight.
+ */
 static void
-MoveToDone(HttpCall *call)
+EndTransfer(HttpCall *call)
 {
 	if (call->easy)
 	{
+		pairingheap_remove(Deadlines, &call->in_deadlines);
 		curl_multi_remove_handle(Multi, call->easy);
 		curl_easy_cleanup(call->easy);
 		call->easy = NULL;
@@ -444,8 +441,93 @@ MoveToDone(HttpCall *call)
 	if (call->headers)
 		curl_slist_free_all(call->headers);
 	call->headers = NULL;
+}
+
+/* A call is done: its answer waits to be written. */
+static void
+MoveToDone(HttpCall *call)
+{
+	EndTransfer(call);
 	dlist_push_tail(&Done, &call->node);
 	NumDone++;
+}
+
+/*
+ * Forgets a call in flight whose lease ended under it (the flow was
+ * cancelled or closed, or the lease ran out): its connection is closed at
+ * once, and no answer is written (none would be taken).
+ */
+static void
+DropCall(HttpCall *call)
+{
+	EndTransfer(call);
+	MemoryContextDelete(call->cxt);
+}
+
+/*
+ * Closes the calls in flight whose leases ended under them, when any
+ * HTTP lease ended since the last look (offers.c counts them, and wakes
+ * this process): a cancelled flow's calls are closed within moments of
+ * the cancel, and a call whose lease ran out is closed before its next
+ * attempt is claimed, so the service never has two of one step's
+ * attempts open from here at once.
+ */
+static void
+DropEndedCalls(void)
+{
+	uint64		ended = OffersHttpEnded();
+	int64	   *leases;
+	bool	   *gone;
+	HttpCall  **calls;
+	dlist_iter	it;
+	int			n = 0,
+				i;
+
+	if (ended == SeenHttpEnded)
+		return;
+	SeenHttpEnded = ended;		/* read first: a later end is seen next time */
+	if (NumInFlight == 0)
+		return;
+	leases = palloc(sizeof(int64) * NumInFlight);
+	gone = palloc(sizeof(bool) * NumInFlight);
+	calls = palloc(sizeof(HttpCall *) * NumInFlight);
+	dlist_foreach(it, &InFlight)
+	{
+		calls[n] = dlist_container(HttpCall, node, it.cur);
+		leases[n] = calls[n]->lease;
+		n++;
+	}
+	LeasesEnded(leases, n, gone);
+	for (i = 0; i < n; i++)
+		if (gone[i])
+			DropCall(calls[i]);
+	pfree(leases);
+	pfree(gone);
+	pfree(calls);
+}
+
+/*
+ * Ends, as timed out, the calls in flight past their deadline: curl's
+ * timeout ends a call first, unless the call waited in curl's queue for a
+ * connection, or this process was held up.  Its connection is closed
+ * before its lease ends, so that its next attempt cannot overlap it.
+ */
+static void
+EndLateCalls(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	while (!pairingheap_is_empty(Deadlines))
+	{
+		HttpCall   *call = pairingheap_container(HttpCall, in_deadlines,
+												 pairingheap_first(Deadlines));
+
+		if (call->deadline > now)
+			break;
+		Refuse(call, true, "%s %s timed out after " INT64_FORMAT " ms",
+			   call->method, call->url, call->timeout_ms);
+		MoveToDone(call);
+	}
 }
 
 /* Takes the transfers curl has finished. */
@@ -540,11 +622,27 @@ BuildHeaders(HttpCall *call, ClaimedStep *step, const char *key)
 	return true;
 }
 
-/* Starts a call's transfer. */
+/*
+ * Sets an option of a transfer being set up, unless one already failed:
+ * then *failed names that one.
+ */
+#define SET_OPTION(easy, failed, option, value) \
+	do { \
+		if ((failed) == NULL && curl_easy_setopt(easy, option, value) != CURLE_OK) \
+			(failed) = #option; \
+	} while (0)
+
+/*
+ * Starts a call's transfer: exactly its URL (in normal form: CURLOPT_PATH_AS_IS
+ * keeps curl from changing the path), no proxy whatever the server's
+ * environment says (http_proxy and the like), no redirects, TLS verified.
+ * A call whose options curl refuses fails without a request.
+ */
 static void
 StartTransfer(HttpCall *call)
 {
 	CURL	   *easy = curl_easy_init();
+	const char *failed = NULL;
 
 	if (easy == NULL)
 	{
@@ -553,38 +651,50 @@ StartTransfer(HttpCall *call)
 		NumDone++;
 		return;
 	}
-	call->easy = easy;
-	curl_easy_setopt(easy, CURLOPT_URL, call->url);
-	curl_easy_setopt(easy, CURLOPT_PRIVATE, call);
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) call->timeout_ms);
-	curl_easy_setopt(easy, CURLOPT_MAXFILESIZE_LARGE,
-					 (curl_off_t) dwarf_http_max_response * 1024);
-	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, call->headers);
-	curl_easy_setopt(easy, CURLOPT_USERAGENT, "dwarf");
-	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, call->errbuf);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, WriteCallback);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, call);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, HeaderCallback);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, call);
+	SET_OPTION(easy, failed, CURLOPT_URL, call->url);
+	SET_OPTION(easy, failed, CURLOPT_PATH_AS_IS, 1L);
+	SET_OPTION(easy, failed, CURLOPT_PROXY, "");
+	SET_OPTION(easy, failed, CURLOPT_PRIVATE, call);
+	SET_OPTION(easy, failed, CURLOPT_PROTOCOLS_STR, "http,https");
+	SET_OPTION(easy, failed, CURLOPT_FOLLOWLOCATION, 0L);
+	SET_OPTION(easy, failed, CURLOPT_SSL_VERIFYPEER, 1L);
+	SET_OPTION(easy, failed, CURLOPT_SSL_VERIFYHOST, 2L);
+	SET_OPTION(easy, failed, CURLOPT_NOSIGNAL, 1L);
+	SET_OPTION(easy, failed, CURLOPT_TIMEOUT_MS, (long) call->timeout_ms);
+	SET_OPTION(easy, failed, CURLOPT_MAXFILESIZE_LARGE,
+			   (curl_off_t) dwarf_http_max_response * 1024);
+	SET_OPTION(easy, failed, CURLOPT_HTTPHEADER, call->headers);
+	SET_OPTION(easy, failed, CURLOPT_USERAGENT, "dwarf");
+	SET_OPTION(easy, failed, CURLOPT_ERRORBUFFER, call->errbuf);
+	SET_OPTION(easy, failed, CURLOPT_WRITEFUNCTION, WriteCallback);
+	SET_OPTION(easy, failed, CURLOPT_WRITEDATA, call);
+	SET_OPTION(easy, failed, CURLOPT_HEADERFUNCTION, HeaderCallback);
+	SET_OPTION(easy, failed, CURLOPT_HEADERDATA, call);
 	if (strcmp(call->method, "GET") == 0)
-		curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+		SET_OPTION(easy, failed, CURLOPT_HTTPGET, 1L);
 	else
 	{
 		if (strcmp(call->method, "POST") != 0)
-			curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, call->method);
+			SET_OPTION(easy, failed, CURLOPT_CUSTOMREQUEST, call->method);
 		if (call->body)
 		{
-			curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(call->body));
-			curl_easy_setopt(easy, CURLOPT_POSTFIELDS, call->body);
+			SET_OPTION(easy, failed, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(call->body));
+			SET_OPTION(easy, failed, CURLOPT_POSTFIELDS, call->body);
 		}
 	}
+	if (failed)
+	{
+		curl_easy_cleanup(easy);
+		Refuse(call, false, "%s %s was not called: curl refused its option %s",
+			   call->method, call->url, failed);
+		dlist_push_tail(&Done, &call->node);
+		NumDone++;
+		return;
+	}
+	call->easy = easy;
 	dlist_push_tail(&InFlight, &call->node);
 	NumInFlight++;
+	pairingheap_add(Deadlines, &call->in_deadlines);
 	if (curl_multi_add_handle(Multi, easy) != CURLM_OK)
 	{
 		Refuse(call, true, "%s %s failed: curl could not start a transfer", call->method, call->url);
@@ -602,21 +712,78 @@ HttpCallFunction(void)
 						  1, argtypes, true);
 }
 
+/* A call for a claimed step: what the step says, nothing prepared yet. */
+static HttpCall *
+NewCall(ClaimedStep *step)
+{
+	MemoryContext cxt = AllocSetContextCreate(CallsContext, "dwarf http call",
+											  ALLOCSET_SMALL_SIZES);
+	HttpCall   *call = MemoryContextAllocZero(cxt, sizeof(HttpCall));
+
+	call->cxt = cxt;
+	call->lease = step->lease;
+	call->flow_id = step->key.flow_id;
+	strlcpy(call->task, step->task, NAMEDATALEN);
+	call->retry_after = -1;
+	call->deadline = step->lease_until - DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000) / 2;
+	return call;
+}
+
+/*
+ * Prepares the call of a claimed step, in the claim's transaction (fn is
+ * dwarf.http_call's oid): its URL in normal form, checked against
+ * dwarf.http_allow, the owner's EXECUTE on fn, the headers and the body.
+ * A call that may not be made is refused (call->message set).
+ */
+static HttpCall *
+PrepareCall(ClaimedStep *step, Oid fn)
+{
+	HttpCall   *call = NewCall(step);
+	MemoryContext old = MemoryContextSwitchTo(call->cxt);
+	char	   *key;
+	char	   *normal;
+	const char *why;
+
+	call->method = CallField(step->call, "method");
+	call->url = CallField(step->call, "url");
+	call->timeout_ms = DatumGetInt64(DirectFunctionCall1(numeric_int8,
+														 NumericGetDatum(JsonbField(step->call, "timeout_ms")->val.numeric)));
+	initStringInfo(&call->response);
+	key = text_to_cstring(ClaimedStepKey(step));
+	if ((normal = UrlNormalize(call->url, &why)) == NULL)
+		Refuse(call, false, "%s cannot be called: %s", call->url, why);
+	else if (!UrlAllowed(call->url = normal))
+		Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
+			   call->url, call->task);
+	else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		Refuse(call, false, "the owner of flow " INT64_FORMAT " (%s) may not make HTTP calls: it needs EXECUTE on dwarf.http_call(text)",
+			   call->flow_id, GetUserNameFromId(step->owner, true) ?
+			   GetUserNameFromId(step->owner, true) : "a dropped role");
+	else if (BuildHeaders(call, step, key) &&
+			 strcmp(call->method, "GET") != 0 && strcmp(call->method, "DELETE") != 0)
+		call->body = JsonbToCString(NULL, &step->input->root, VARSIZE(step->input));
+	MemoryContextSwitchTo(old);
+	return call;
+}
+
 /*
  * Claims up to room offered HTTP steps and starts their calls.  A short
  * transaction reads what the calls need of the catalogs (the owners'
  * EXECUTE on dwarf.http_call, the step keys); it ends before any call
- * starts.  A step that may not be called is answered as failed.
+ * starts.  A step that may not be called is answered as failed.  An error
+ * while the calls are prepared loses no claimed step: each is answered as
+ * a failed attempt (to be retried, the policy permitting) that says why,
+ * rather than left to its lease.
  */
 static void
 ClaimAndStart(int room)
 {
+	MemoryContext cxt = CurrentMemoryContext;
 	Oid		   *seen;
 	int			nseen;
 	List	   *claimed;
-	List	   *ready = NIL;
+	List	   *volatile calls = NIL;
 	ListCell   *lc;
-	Oid			fn;
 
 	if (!OffersHasReady(DWARF_HTTP_QUEUE))
 		return;
@@ -624,56 +791,64 @@ ClaimAndStart(int room)
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	claimed = ClaimOffered(DWARF_HTTP_QUEUE, room, 0, NULL, 0, true, &seen, &nseen, &LimitDue);
-	if (claimed == NIL)
+	PG_TRY();
 	{
+		Oid			fn = claimed ? HttpCallFunction() : InvalidOid;
+
+		foreach(lc, claimed)
+		{
+			HttpCall   *call = PrepareCall(lfirst(lc), fn);
+			MemoryContext old = MemoryContextSwitchTo(cxt);
+
+			calls = lappend(calls, call);
+			MemoryContextSwitchTo(old);
+		}
 		PopActiveSnapshot();
 		CommitTransactionCommand();
-		return;
 	}
-	fn = HttpCallFunction();
-	foreach(lc, claimed)
+	PG_CATCH();
 	{
-		ClaimedStep *step = lfirst(lc);
-		MemoryContext cxt = AllocSetContextCreate(CallsContext, "dwarf http call",
-												  ALLOCSET_SMALL_SIZES);
-		MemoryContext old = MemoryContextSwitchTo(cxt);
-		HttpCall   *call = palloc0(sizeof(HttpCall));
-		char	   *key;
+		ErrorData  *edata;
+		int			i = 0;
 
-		call->cxt = cxt;
-		call->lease = step->lease;
-		call->flow_id = step->key.flow_id;
-		strlcpy(call->task, step->task, NAMEDATALEN);
-		call->retry_after = -1;
-		call->method = CallField(step->call, "method");
-		call->url = CallField(step->call, "url");
-		call->timeout_ms = DatumGetInt64(DirectFunctionCall1(numeric_int8,
-															 NumericGetDatum(JsonbField(step->call, "timeout_ms")->val.numeric)));
-		initStringInfo(&call->response);
-		key = text_to_cstring(ClaimedStepKey(step));
-		if (!HttpAllowed(call->url))
-			Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
-				   call->url, call->task);
-		else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
-			Refuse(call, false, "the owner of flow " INT64_FORMAT " (%s) may not make HTTP calls: it needs EXECUTE on dwarf.http_call(text)",
-				   call->flow_id, GetUserNameFromId(step->owner, true) ?
-				   GetUserNameFromId(step->owner, true) : "a dropped role");
-		else if (BuildHeaders(call, step, key))
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		foreach(lc, claimed)
 		{
-			if (strcmp(call->method, "GET") != 0 && strcmp(call->method, "DELETE") != 0)
-				call->body = JsonbToCString(NULL, &step->input->root, VARSIZE(step->input));
-			ready = lappend(ready, call);
-			MemoryContextSwitchTo(old);
-			continue;
+			HttpCall   *call = i < list_length(calls) ? list_nth(calls, i) : NewCall(lfirst(lc));
+
+			if (call->message == NULL)
+				Refuse(call, true, "the HTTP process could not prepare the call of task \"%s\": %s",
+					   call->task, edata->message);
+			if (i++ >= list_length(calls))
+				calls = lappend(calls, call);
 		}
-		MemoryContextSwitchTo(old);
-		dlist_push_tail(&Done, &call->node);
-		NumDone++;
+		AbortCurrentTransaction();
+		ereport(LOG,
+				(errmsg("dwarf: could not prepare %d HTTP calls: %s", list_length(claimed),
+						edata->message),
+				 errdetail("Each is answered as a failed attempt.")));
+		FreeErrorData(edata);
 	}
-	PopActiveSnapshot();
-	CommitTransactionCommand();
-	foreach(lc, ready)
-		StartTransfer(lfirst(lc));
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	DropEndedCalls();			/* an earlier attempt of one of these: closed first */
+	foreach(lc, calls)
+	{
+		HttpCall   *call = lfirst(lc);
+
+		if (call->message == NULL)
+			StartTransfer(call);
+		else
+		{
+			if (call->headers)	/* prepared, then refused by an error */
+				curl_slist_free_all(call->headers);
+			call->headers = NULL;
+			dlist_push_tail(&Done, &call->node);
+			NumDone++;
+		}
+	}
 }
 
 /* A failed call's error, as dwarf.fail writes one (its worker names the task). */
@@ -851,11 +1026,19 @@ WaitAndAct(void)
 	int			n,
 				i;
 
-	if (CurlDue > 0 || LimitDue > 0)
+	if (CurlDue > 0 || LimitDue > 0 || !pairingheap_is_empty(Deadlines))
 	{
 		TimestampTz now = GetCurrentTimestamp();
 		TimestampTz due = CurlDue > 0 && (LimitDue == 0 || CurlDue < LimitDue) ? CurlDue : LimitDue;
 
+		if (!pairingheap_is_empty(Deadlines))
+		{
+			TimestampTz late = pairingheap_container(HttpCall, in_deadlines,
+													 pairingheap_first(Deadlines))->deadline;
+
+			if (due == 0 || late < due)
+				due = late;
+		}
 		timeout = due <= now ? 0 : TimestampDifferenceMilliseconds(now, due) + 1;
 		if (LimitDue > 0 && LimitDue <= now)
 			LimitDue = 0;		/* the claim that follows looks again */
@@ -874,6 +1057,7 @@ WaitAndAct(void)
 		curl_multi_socket_action(Multi, CURL_SOCKET_TIMEOUT, 0, &running);
 	}
 	ReadFinished();
+	EndLateCalls();
 }
 
 /* Exits when dwarf is not installed in this database (or was dropped). */
@@ -898,6 +1082,16 @@ ExitIfNoExtension(void)
 	}
 }
 
+/* Deadlines' order: the soonest first (pairingheap puts the greatest first). */
+static int
+DeadlineFirst(const pairingheap_node *a, const pairingheap_node *b, void *arg)
+{
+	TimestampTz da = pairingheap_const_container(HttpCall, in_deadlines, a)->deadline;
+	TimestampTz db = pairingheap_const_container(HttpCall, in_deadlines, b)->deadline;
+
+	return da < db ? 1 : da > db ? -1 : 0;
+}
+
 /* Sets up libcurl's multi handle, and room for thousands of sockets. */
 static void
 HttpInit(void)
@@ -919,10 +1113,14 @@ HttpInit(void)
 	if (Multi == NULL)
 		ereport(FATAL,
 				(errmsg("dwarf: could not initialize libcurl")));
-	curl_multi_setopt(Multi, CURLMOPT_SOCKETFUNCTION, SocketCallback);
-	curl_multi_setopt(Multi, CURLMOPT_TIMERFUNCTION, TimerCallback);
-	curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long) dwarf_http_max_host_connections);
-	curl_multi_setopt(Multi, CURLMOPT_MAXCONNECTS, (long) Min(dwarf_http_max_in_flight, 10000));
+	if (curl_multi_setopt(Multi, CURLMOPT_SOCKETFUNCTION, SocketCallback) != CURLM_OK ||
+		curl_multi_setopt(Multi, CURLMOPT_TIMERFUNCTION, TimerCallback) != CURLM_OK ||
+		curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+						  (long) dwarf_http_max_host_connections) != CURLM_OK ||
+		curl_multi_setopt(Multi, CURLMOPT_MAXCONNECTS,
+						  (long) Min(dwarf_http_max_in_flight, 10000)) != CURLM_OK)
+		ereport(FATAL,
+				(errmsg("dwarf: libcurl refused the settings of HTTP calls")));
 
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(curl_socket_t);
@@ -939,6 +1137,10 @@ HttpInit(void)
 	AddWaitEventToSet(WaitSet, WL_SOCKET_READABLE, Epoll, NULL, NULL);
 	CallsContext = AllocSetContextCreate(TopMemoryContext, "dwarf http calls",
 										 ALLOCSET_DEFAULT_SIZES);
+	Deadlines = MemoryContextAllocZero(TopMemoryContext, sizeof(pairingheap));
+	Deadlines->ph_compare = DeadlineFirst;
+	Deadlines->ph_arg = NULL;
+	Deadlines->ph_root = NULL;
 }
 
 /*
@@ -988,8 +1190,11 @@ DwarfHttpMain(Datum arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
-			curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS,
-							  (long) dwarf_http_max_host_connections);
+			if (curl_multi_setopt(Multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+								  (long) dwarf_http_max_host_connections) != CURLM_OK)
+				ereport(WARNING,
+						(errmsg("dwarf: libcurl refused dwarf.http_max_host_connections = %d",
+								dwarf_http_max_host_connections)));
 		}
 		MemoryContextSwitchTo(loop_cxt);
 		WriteAnswers();
@@ -1002,6 +1207,7 @@ DwarfHttpMain(Datum arg)
 
 		/* claims after the watch starts: no offer goes unseen */
 		OffersWatch(DWARF_HTTP_QUEUE);
+		DropEndedCalls();
 		if (NumInFlight + NumDone < dwarf_http_max_in_flight)
 			ClaimAndStart(dwarf_http_max_in_flight - NumInFlight - NumDone);
 		MemoryContextSwitchTo(loop_cxt);

@@ -17,6 +17,5 @@
 #define DWARF_HTTP_INDEX	(-1)
 
 extern DWARF_EXPORT void DwarfHttpMain(Datum arg);
-extern bool HttpAllowed(const char *url);
 
 #endif							/* DWARF_HTTP_H */

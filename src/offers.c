@@ -126,6 +126,9 @@ typedef struct OffersShared
 	dlist_head	answered;		/* offers being answered, for their workers to
 								 * take once the answer committed */
 	volatile int nanswered;		/* how many: read unlocked, as a hint */
+	pg_atomic_uint64 http_ended;	/* leases of HTTP calls ended under them
+									 * (withdrawn, run out): the HTTP process
+									 * aborts those calls (OffersHttpEnded) */
 	char		area[FLEXIBLE_ARRAY_MEMBER];	/* DWARF_OFFER_AREA_SIZE */
 } OffersShared;
 
@@ -187,6 +190,7 @@ OffersShmemStartup(void)
 		Offers->bytes = 0;
 		dlist_init(&Offers->answered);
 		Offers->nanswered = 0;
+		pg_atomic_init_u64(&Offers->http_ended, 0);
 		area = dsa_create_in_place(Offers->area, DWARF_OFFER_AREA_SIZE,
 								   Offers->area_tranche, NULL);
 		dsa_pin(area);
@@ -270,7 +274,9 @@ GiveLimitsOf(Offer *offer)
 
 /*
  * Ends an offer's lease, if it has one: remembered as why; the place it
- * held of the task's limit is given back.
+ * held of the task's limit is given back.  An HTTP call's lease that ends
+ * under it (withdrawn: the flow was cancelled or closed; run out) wakes the
+ * HTTP process, which closes the call at once (OffersHttpEnded).
  */
 static void
 EndLease(Offer *offer, LeaseEnd why)
@@ -280,6 +286,12 @@ EndLease(Offer *offer, LeaseEnd why)
 	GiveLimitsOf(offer);
 	if (offer->lease == 0)
 		return;
+	if (offer->call_len > 0 && (why == LEASE_WITHDRAWN || why == LEASE_EXPIRED) &&
+		(offer->state == OFFER_LEASED || offer->state == OFFER_EXPIRED))
+	{
+		pg_atomic_fetch_add_u64(&Offers->http_ended, 1);
+		ConditionVariableBroadcast(&offer->queue->cv);
+	}
 	lease = hash_search(LeaseTable, &offer->lease, HASH_FIND, NULL);
 	if (lease)
 	{
@@ -849,6 +861,7 @@ FillInfo(Offer *offer, LeaseInfo *info)
 	memcpy(info->task, offer->task, NAMEDATALEN);
 	info->leased_at = offer->leased_at;
 	info->lease_until = offer->lease_until;
+	info->http = offer->call_len > 0;
 }
 
 /*
@@ -1051,4 +1064,33 @@ LeaseExtend(int64 lease, int64 us, LeaseInfo *info)
 	}
 	LWLockRelease(Offers->lock);
 	return why;
+}
+
+/*
+ * How many HTTP calls' leases have ended under them so far: when it
+ * changes, the HTTP process looks for its calls to close (LeasesEnded).
+ */
+uint64
+OffersHttpEnded(void)
+{
+	return pg_atomic_read_u64(&Offers->http_ended);
+}
+
+/*
+ * Which of leases are no longer held (ended[i] for leases[i]), in one pass
+ * under the lock: the HTTP process's check of its calls in flight.
+ */
+void
+LeasesEnded(const int64 *leases, int n, bool *ended)
+{
+	int			i;
+
+	LWLockAcquire(Offers->lock, LW_SHARED);
+	for (i = 0; i < n; i++)
+	{
+		Lease	   *lease = hash_search(LeaseTable, &leases[i], HASH_FIND, NULL);
+
+		ended[i] = lease == NULL || lease->end != LEASE_HELD;
+	}
+	LWLockRelease(Offers->lock);
 }

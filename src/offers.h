@@ -90,6 +90,7 @@ typedef struct LeaseInfo
 	char		task[NAMEDATALEN];
 	TimestampTz leased_at;
 	TimestampTz lease_until;	/* or when it ended */
+	bool		http;			/* an HTTP task's call (queue dwarf.http) */
 } LeaseInfo;
 
 /* A step whose answer committed, for its worker to record. */
@@ -159,6 +160,10 @@ extern LeaseEnd LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info
 extern LeaseEnd LeaseLookup(int64 lease, LeaseInfo *info);
 extern List *OffersList(const char *queue);
 extern LeaseEnd LeaseExtend(int64 lease, int64 us, LeaseInfo *info);
+
+/* the HTTP process */
+extern uint64 OffersHttpEnded(void);
+extern void LeasesEnded(const int64 *leases, int n, bool *ended);
 
 /* external.c: what dwarf.complete and fail write, for the HTTP process too */
 extern void WriteAnswer(int64 lease, const char *status, Jsonb *changes, Jsonb *error,

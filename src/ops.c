@@ -111,8 +111,14 @@ CancelFlowAndTree(int64 flow_id, Datum *args, char *nulls)
 	/* A parent waiting in dwarf.subgraph runs its task again, and sees why. */
 	if (!isnull)
 		NoteOnCommit(parent, NOTE_RELOAD_FLOW, false);
-	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, true);
+
+	/*
+	 * The cancel's note before the reload's: the worker withdraws what the
+	 * flow has offered (its HTTP calls are closed at once) only while it
+	 * still holds the flow, which the reload drops.
+	 */
 	StopRunningStepOnCommit(flow_id);
+	NoteOnCommit(flow_id, NOTE_RELOAD_FLOW, true);
 	return true;
 }
 

@@ -1043,7 +1043,7 @@ DropReturnedFlows(MemoryContext cxt, int64 **woken, int *nwoken)
 
 		if (flow)
 		{
-			if (flow->offered > 0)
+			if (FlowHoldsOffers(flow))
 				(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
 			DropFlow(flow);
 		}
@@ -1195,7 +1195,7 @@ DrainNotes(List **requests)
 				case NOTE_RELOAD_FLOW:
 				case NOTE_CANCEL_FLOW:
 					flow = hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL);
-					if (flow && flow->offered > 0 && notes[i].kind == NOTE_CANCEL_FLOW)
+					if (flow && notes[i].kind == NOTE_CANCEL_FLOW && FlowHoldsOffers(flow))
 						(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
 					if (flow)
 						DropFlow(flow);

@@ -11,6 +11,10 @@ What a path answers (the request's body is read and kept):
   /empty           200 with no body
   /array           200 [1, 2]
   /delay/MS        200 {"slept": MS} after MS milliseconds
+  /hang/MS         200 {"slept": MS} after MS milliseconds, or nothing once the client closes
+                   its connection, which it watches for: "closed" counts those, "closed_at"
+                   keeps when (unix s) per path, and "overlaps" counts requests that came
+                   while a connection with the same Idempotency-Key was still open here
   /fail/N[/S]      503 (Retry-After: S, default 0) for the first N requests of each Idempotency-Key, then
                    200 {"attempts": n} (with Retry-After: 0)
   /status/CODE     CODE with the body "status CODE here"
@@ -28,12 +32,15 @@ import sys
 import time
 
 # answered: requests whose whole answer was written (a call that ended)
-stats = {"requests": 0, "answered": 0, "in_flight": 0, "peak": 0, "by_path": {}, "keys": {}}
+stats = {"requests": 0, "answered": 0, "in_flight": 0, "peak": 0, "by_path": {}, "keys": {},
+         "closed": 0, "closed_at": {}, "overlaps": 0}
 fails = {}
+open_keys = {}  # Idempotency-Key: connections open now (/hang)
 
 
 def reset():
-    stats.update(requests=0, answered=0, in_flight=0, peak=0, by_path={}, keys={})
+    stats.update(requests=0, answered=0, in_flight=0, peak=0, by_path={}, keys={},
+                 closed=0, closed_at={}, overlaps=0)
     fails.clear()
 
 
@@ -65,14 +72,31 @@ async def handle(reader, writer):
             body = b""
             if "content-length" in headers:
                 body = await reader.readexactly(int(headers["content-length"]))
-            await route(writer, method, target, headers, body)
+            await route(reader, writer, method, target, headers, body)
     except (ConnectionError, asyncio.IncompleteReadError, ValueError):
         pass
     finally:
         writer.close()
 
 
-async def route(writer, method, path, headers, body):
+async def hang(reader, writer, path, key, ms):
+    """Answers after ms, unless the client closes the connection first."""
+    if open_keys.get(key, 0) > 0:
+        stats["overlaps"] += 1
+    open_keys[key] = open_keys.get(key, 0) + 1
+    try:
+        await asyncio.wait_for(reader.read(1), ms / 1000)
+        stats["closed"] += 1
+        stats["closed_at"].setdefault(path, []).append(time.time())
+        return False
+    except asyncio.TimeoutError:
+        await answer(writer, 200, json.dumps({"slept": ms}).encode())
+        return True
+    finally:
+        open_keys[key] -= 1
+
+
+async def route(reader, writer, method, path, headers, body):
     if path == "/stats":
         await answer(writer, 200, json.dumps(stats).encode())
         return
@@ -107,6 +131,9 @@ async def route(writer, method, path, headers, body):
         elif parts[0] == "delay":
             await asyncio.sleep(int(parts[1]) / 1000)
             await answer(writer, 200, json.dumps({"slept": int(parts[1])}).encode())
+        elif parts[0] == "hang":
+            if not await hang(reader, writer, path, headers.get("idempotency-key"), int(parts[1])):
+                return
         elif parts[0] == "fail":
             key = (path, headers.get("idempotency-key"))
             fails[key] = fails.get(key, 0) + 1
