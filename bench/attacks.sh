@@ -413,7 +413,7 @@ measure_drop() {
 	row "drop: DROP EXTENSION during a fork bomb + 2,000 flows" "-" \
 		"$flows running flows; DROP EXTENSION ${err:+failed ($err) }after $ms ms (target: done within 30 s); dwarf processes left 10 s later: $left; server log meanwhile: ${logs:-nothing}" \
 		"$(verdict $ok)"
-	QT=90 sq postgres "DROP DATABASE $DB WITH (FORCE)" >/dev/null || echo "  cleanup: DROP DATABASE failed: $(qerr)"
+	drop_db "$DB"
 }
 
 # ----------------------------------------------------------------- main

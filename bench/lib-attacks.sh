@@ -225,7 +225,21 @@ end_db() {
 	left=$(QT=10 sq "$DB" "SELECT count(*) FROM dwarf.flow WHERE status = 'running'")
 	CLEAN_TXT="the cleanup's cancel of $n flows took $(($(now_ms) - t0)) ms, then ${left:-?} running"
 	echo "  cleanup: cancelled $n flows in $(($(now_ms) - t0)) ms; still running: ${left:-?}"
-	QT=90 sq postgres "DROP DATABASE $DB WITH (FORCE)" >/dev/null || echo "  cleanup: DROP DATABASE $DB failed: $(qerr)"
+	drop_db "$DB"
+}
+
+# drop_db DB: DROP DATABASE ... WITH (FORCE), tried up to 5 times: it gives
+# up after 5 s while a process it signalled has not exited yet (a dwarf
+# process busy with a large cleanup), and a database left behind keeps its
+# workers' slots
+drop_db() {
+	local i
+	for i in 1 2 3 4 5; do
+		QT=90 sq postgres "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null && return 0
+		echo "  cleanup: DROP DATABASE $1, try $i: $(qerr)"
+		sleep 2
+	done
+	return 1
 }
 
 # alice_runs: 10 sequential 2-step runs of alice's in one session (after
