@@ -213,7 +213,7 @@ alice_offer_ms() {
 		if [[ -n $out ]]; then all+=("${out%%|*}"); else all+=("(none in 5 s${e:+: $e})"); fi
 	done
 	OFFER_MAX=$(printf '%s\n' "${all[@]}" | awk '/^[0-9.]+$/ {if ($1 > m) m = $1; next} {m = "none in 5 s"; exit} END {print m}')
-	OFFER_TXT="claimed after ${all[*]} ms"
+	OFFER_TXT="claimed, ms after her create: ${all[*]}"
 	echo "  alice's external step: $OFFER_TXT"
 }
 
@@ -235,7 +235,7 @@ alice_http_ms() {
 		esac
 	done
 	HTTP_MAX=$(printf '%s\n' "${all[@]}" | awk '/^-?[0-9.]+$/ {if ($1 > m) m = $1; next} {m = "not called"; exit} END {print m}')
-	HTTP_TXT="started ${all[*]} ms after her create"
+	HTTP_TXT="started, ms after her create: ${all[*]}"
 	echo "  alice's HTTP call ($1): $HTTP_TXT"
 }
 
@@ -375,7 +375,7 @@ attack_http() {
 	start_http
 	alice_runs
 	alice_http_ms a_http
-	trow "http: $HTTP_CALLS calls hanging or pending on a shared host" "her own host's call $HTTP_TXT; $(quick_txt)" \
+	trow "http: $HTTP_CALLS calls hanging or pending on a shared host" "call to her own host $HTTP_TXT; $(quick_txt)" \
 		"starts within 1 s" "$([[ $HTTP_MAX =~ ^-?[0-9.]+$ ]] && awk -v m="$HTTP_MAX" 'BEGIN {exit !(m <= 1000)}' && echo 1 || echo 0)"
 	alice_http_ms a_http_shared 1
 	trow "http: the same, alice's call to the shared host" "$HTTP_TXT" "(the issue's per-host share; no target listed)" info
@@ -405,7 +405,7 @@ attack_runners() {
 	done
 	echo "  alice's 0.3 s flow: alone $alone ms; while mallory's steps sleep: ${all[*]} ms"
 	trow "runners: 30 slow steps (30 s), default settings ($RUN_HELD held)" \
-		"0.3 s flow in ${all[*]} ms (alone $alone ms); $(quick_txt)" "takes its share: <= 3000 ms" "$ok"
+		"0.3 s flow, ms: ${all[*]} (alone $alone); $(quick_txt)" "takes its share: <= 3000 ms" "$ok"
 	end_db
 }
 
