@@ -58,8 +58,10 @@
 #             figures are reported too)
 # and over the whole run: the server log grows under 10 MB, and shared
 # memory's free space (pg_shmem_allocations, the row without a name) is the
-# same after the last attack as before the first.  In every attack alice's
-# quick runs (bench/attacks.sh's: 10 sequential 2-step dwarf.run, median /
+# same after the last attack as before the first (each loss is printed with
+# the most rows of the shared lock table seen at once, sampled every 0.5 s:
+# PostgreSQL's own lock table grows into that space too).  In every attack
+# alice's quick runs (bench/attacks.sh's: 10 sequential 2-step dwarf.run, median /
 # max ms) are measured as well.
 #
 # ATTACKS selects what runs (default "http limits runners graphs fairness
@@ -191,6 +193,22 @@ took() {
 	e=$(qerr)
 	if [[ $e == 57014:* ]]; then echo "TIMED OUT after $ms ms"; else echo "FAILED after $ms ms (${e:0:70})"; fi
 }
+# start_lock_sampler: in the background, every 0.5 s, the rows of pg_locks
+# in the shared lock table (not fast-path), into $WORK/locks.samples: that
+# table takes from shared memory's free space too, past about 3,900 locks
+# held at once here (max_locks_per_transaction 64)
+start_lock_sampler() {
+	(
+		ERR=$WORK/sampler.err
+		while :; do
+			echo "$(now_ms) $(QT=5 sq postgres "SELECT count(*) FROM pg_locks WHERE NOT fastpath")"
+			sleep 0.5
+		done
+	) >"$WORK/locks.samples" &
+	BGPIDS+=($!)
+}
+# most_locks FROM_MS: the most shared lock table rows sampled since FROM_MS
+most_locks() { awk -v t="$1" '$1 >= t && $2 > m {m = $2} END {print m + 0}' "$WORK/locks.samples"; }
 log_bytes() { stat -c %s "$WORK/server.log"; }
 ms_max() { printf '%s\n' "$@" | sort -g | tail -1; }
 
@@ -495,13 +513,16 @@ read -r SHM0 ANON0 < <(shmem_free)
 SHM_LOST=
 LOG0=$(log_bytes)
 echo "shared memory free: $SHM0 B ('<anonymous>': $ANON0 B); server log: $LOG0 B"
+start_lock_sampler
 for a in $ATTACKS; do
 	echo "=== $a ($(cut -d' ' -f1-3 /proc/loadavg) load, $((($(now_ms) - START) / 1000)) s in)"
+	t0=$(now_ms)
 	if declare -F "attack_$a" >/dev/null; then "attack_$a"; else echo "unknown attack $a"; fi
 	prev=${shm:-$SHM0}
 	read -r shm anon < <(shmem_free)
-	echo "  shared memory free: $shm B ('<anonymous>': $anon B); server log: $(log_bytes) B"
-	((shm < prev)) && SHM_LOST+=" $((prev - shm)) B in $a,"
+	locks=$(most_locks "$t0")
+	echo "  shared memory free: $shm B ('<anonymous>': $anon B); server log: $(log_bytes) B; most locks in the shared lock table: $locks"
+	((shm < prev)) && SHM_LOST+=" $((prev - shm)) B in $a (most locks at once: $locks),"
 done
 read -r SHM1 ANON1 < <(shmem_free)
 LOG1=$(log_bytes)
