@@ -57,17 +57,21 @@
 #             background): alice's 10 quick runs, slowest <= 1 s (her other
 #             figures are reported too)
 # and over the whole run: the server log grows under 10 MB, and shared
-# memory's free space (pg_shmem_allocations, the row without a name) is the
-# same after the last attack as before the first (each loss is printed with
-# the most rows of the shared lock table seen at once, sampled every 0.5 s:
-# PostgreSQL's own lock table grows into that space too).  In every attack
-# alice's quick runs (bench/attacks.sh's: 10 sequential 2-step dwarf.run, median /
-# max ms) are measured as well.
+# memory's free space (pg_shmem_allocations, the row without a name) after
+# the last attack is within 256 KB of what it was before the first.  That
+# much is PostgreSQL's own: its partitioned hash tables (buffer mapping,
+# locks) take from the same space under load (a plain server without dwarf
+# lost 72 KB while 350 MB went through its 128 MB of shared_buffers), so
+# each loss is printed with the most rows of the shared lock table seen at
+# once (sampled every 0.5 s).  In every attack alice's quick runs
+# (bench/attacks.sh's: 10 sequential 2-step dwarf.run, median / max ms) are
+# measured as well.
 #
 # ATTACKS selects what runs (default "http limits runners graphs fairness
 # locks offers all": offers late, since code that does not free a dropped
-# database's offers would spoil the attacks after it).  Every wait has a deadline and every statement a
-# timeout; a run takes about 10 minutes on 2 cores.
+# database's offers would spoil the attacks after it).  Every wait has a
+# deadline and every statement a timeout; a run takes 4-5 minutes on 2
+# cores when the targets are met, about 12 on code that fails them.
 #
 # Output: progress, then the table (attack | alice's figure | target |
 # PASS/FAIL) on stdout, all of it also in
@@ -528,8 +532,8 @@ read -r SHM1 ANON1 < <(shmem_free)
 LOG1=$(log_bytes)
 trow "log: the server log during the attacks" "grew $(awk -v b="$((LOG1 - LOG0))" 'BEGIN {printf "%.2f", b / 1048576}') MB" "< 10 MB" \
 	"$((LOG1 - LOG0 < 10485760 ? 1 : 0))"
-trow "shared memory: free space before / after" "$SHM0 / $SHM1 B ('<anonymous>' $ANON0 / $ANON1 B)${SHM_LOST:+; lost:${SHM_LOST%,}}" "flat" \
-	"$((SHM1 >= SHM0 ? 1 : 0))"
+trow "shared memory: free space before / after" "$SHM0 / $SHM1 B ('<anonymous>' $ANON0 / $ANON1 B)${SHM_LOST:+; lost:${SHM_LOST%,}}" \
+	"flat: lost under 256 KB (PostgreSQL's own)" "$((SHM0 - SHM1 < 262144 ? 1 : 0))"
 
 echo
 echo "Issue 44's targets, mallory attacking, alice measured; $((($(now_ms) - START) / 1000)) s in all, on $COMMIT"
