@@ -30,7 +30,8 @@
 #             dwarf.create to the return of her dwarf.claim(wait => 5 s); 5
 #             tries, the slowest)
 #   http      HTTP_CALLS (20,000) calls to SHARED's /hang (5 minutes each),
-#             most of them pending behind dwarf.http_max_host_connections:
+#             up to dwarf.http_max_host_connections (1,000) of them hanging
+#             and the rest pending:
 #             alice's call to OWN starts within 1 s of her create (OWN's
 #             /counts answers its own clock, which becomes her flow's
 #             state.time; 3 tries, the slowest); her call to SHARED is
@@ -214,7 +215,6 @@ start_lock_sampler() {
 # most_locks FROM_MS: the most shared lock table rows sampled since FROM_MS
 most_locks() { awk -v t="$1" '$1 >= t && $2 > m {m = $2} END {print m + 0}' "$WORK/locks.samples"; }
 log_bytes() { stat -c %s "$WORK/server.log"; }
-ms_max() { printf '%s\n' "$@" | sort -g | tail -1; }
 
 # ------------------------------------------------------- alice's measures
 
@@ -293,11 +293,14 @@ start_offers() {
 }
 start_http() {
 	mallory_flows "$DB" m_hang "$HTTP_CALLS"
-	local end=$(($(now_ms) + 60000)) n=0
+	local end=$(($(now_ms) + 60000)) n=0 prev=-1
+	# until 900 hang, or as many as 2 s before (a role's share of the host)
 	while (($(now_ms) < end)); do
 		n=$(curl -s -m 5 "$SHARED/counts" | sed -E 's/.*"in_flight": ([0-9]+).*/\1/')
-		((${n:-0} >= 900)) && break
-		sleep 1
+		[[ $n =~ ^[0-9]+$ ]] || n=0
+		((n >= 900 || (n > 0 && n == prev))) && break
+		prev=$n
+		sleep 2
 	done
 	echo "  mallory's calls hanging at SHARED: ${n:-?}"
 }
