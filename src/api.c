@@ -498,7 +498,7 @@ static int
 AwaitFlows(Awaited *aws, int n, bool any, int64 timeout_ms, Datum **values, bool **nulls)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
-	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[MyProc->pgprocno] : NULL;
+	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[GetNumberFromPGProc(MyProc)] : NULL;
 	bool	   *done = palloc0(sizeof(bool) * n);
 	volatile int watched = 0;
 	volatile bool first = true;
@@ -762,6 +762,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 	TimestampTz deadline;
 	RunOutcome	outcome;
 	Awaited		aw = {.waiter = "dwarf.run", .existed = true};
+	int			pinned;
 
 	CheckNotStandby("dwarf.run");
 	CheckNotNull(fcinfo, 0, "graph");
@@ -777,7 +778,14 @@ dwarf_run(PG_FUNCTION_ARGS)
 				 errhint("Use dwarf.subgraph() to run a flow and wait for it without holding a worker, or dwarf.create() to start one.")));
 	timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(2), "timeout") / 1000;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
-	PinSearchPathForCall();		/* dwarf.run has no SET search_path */
+	/*
+	 * dwarf.run is declared without SET search_path (the hot path: a SET
+	 * clause costs a GUC level, and a walk over every setting when the call
+	 * ends); its statements run under "pg_catalog, pg_temp" all the same,
+	 * pinned here, so the kept statements, planned under either, are not
+	 * planned again.  An error unpins it with the transaction.
+	 */
+	pinned = CompatPinSearchPath();
 	aw.flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 									 PG_GETARG_INT32(3),
 									 KeyArg(fcinfo, 4, "idempotency_key"),
@@ -798,6 +806,6 @@ dwarf_run(PG_FUNCTION_ARGS)
 	else
 		AwaitFlow(&aw, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
 				  values, nulls);
-	PopOverrideSearchPath();
+	CompatUnpinSearchPath(pinned);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }

@@ -249,8 +249,8 @@ AddRow(Archiving *a, HeapTupleHeader row)
 	old = MemoryContextSwitchTo(a->context);
 	rri = ExecFindPartition(a->mtstate, a->root, a->proute, a->slot, a->estate);
 	MemoryContextSwitchTo(old);
-	if (rri->ri_RootToPartitionMap)
-		to = execute_attr_map_slot(rri->ri_RootToPartitionMap->attrMap, a->slot,
+	if (ExecGetRootToChildMap(rri, a->estate))
+		to = execute_attr_map_slot(ExecGetRootToChildMap(rri, a->estate)->attrMap, a->slot,
 								   rri->ri_PartitionTupleSlot);
 	if (rri->ri_RelationDesc->rd_att->constr)
 		ExecConstraints(rri, to, a->estate);
@@ -282,7 +282,7 @@ WriteRows(Archiving *a)
 		{
 			if (batch->rri->ri_NumIndices > 0)
 				list_free(ExecInsertIndexTuples(batch->rri, batch->slots[i], a->estate,
-												false, false, NULL, NIL));
+												false, false, NULL, NIL, false));
 			ResetPerTupleExprContext(a->estate);
 			ExecClearTuple(batch->slots[i]);
 		}

@@ -140,7 +140,7 @@ StopWorkersForDrop(void)
 	 * Only for a role that may drop it: anyone else's DROP fails on its
 	 * privileges as usual, and must not stop the workers on the way.
 	 */
-	if (!OidIsValid(extension) || !pg_extension_ownercheck(extension, GetUserId()))
+	if (!OidIsValid(extension) || !object_ownercheck(ExtensionRelationId, extension, GetUserId()))
 		return;
 	LockDatabaseObject(ExtensionRelationId, extension, 0, AccessExclusiveLock);
 	n = StopDatabaseWorkers(MyDatabaseId, pids);

@@ -14,6 +14,8 @@
 #include "fmgr.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
+
 /*
  * dwarf.so is built with -fvisibility=hidden, so that none of its own
  * functions can clash with another library's.  What the server looks up in

@@ -325,6 +325,8 @@ BodyQuote(HttpCall *call)
 }
 
 /* The call failed before any request, or without an answer to record. */
+static void Refuse(HttpCall *call, bool retryable, const char *fmt,...) pg_attribute_printf(3, 4);
+
 static void
 Refuse(HttpCall *call, bool retryable, const char *fmt,...)
 {
@@ -755,7 +757,7 @@ PrepareCall(ClaimedStep *step, Oid fn)
 	else if (!UrlAllowed(call->url = normal))
 		Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
 			   call->url, call->task);
-	else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
+	else if (!OidIsValid(fn) || object_aclcheck(ProcedureRelationId, fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
 		Refuse(call, false, "the owner of flow " INT64_FORMAT " (%s) may not make HTTP calls: it needs EXECUTE on dwarf.http_call(text)",
 			   call->flow_id, GetUserNameFromId(step->owner, true) ?
 			   GetUserNameFromId(step->owner, true) : "a dropped role");
@@ -1131,7 +1133,7 @@ HttpInit(void)
 		ereport(FATAL,
 				(errcode_for_socket_access(),
 				 errmsg("dwarf: could not create an epoll set for HTTP calls: %m")));
-	WaitSet = CreateWaitEventSet(TopMemoryContext, 3);
+	WaitSet = CreateWaitEventSet(NULL, 3);
 	AddWaitEventToSet(WaitSet, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 	AddWaitEventToSet(WaitSet, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 	AddWaitEventToSet(WaitSet, WL_SOCKET_READABLE, Epoll, NULL, NULL);

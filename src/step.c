@@ -354,14 +354,14 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, boo
 					 errmsg("the role that created flow " INT64_FORMAT " was dropped", flow->id),
 					 errdetail("A flow's tasks run as the role that created it (OID %u).", flow->owner)));
 
-		if (pg_namespace_aclcheck(nsp, flow->owner, ACL_USAGE) != ACLCHECK_OK)
+		if (object_aclcheck(NamespaceRelationId, nsp, flow->owner, ACL_USAGE) != ACLCHECK_OK)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 					 errmsg("permission denied for schema %s of task \"%s\"",
 							get_namespace_name(nsp), node->name),
 					 errdetail("The flow runs as role %s, which has no USAGE on that schema.",
 							   GetUserNameFromId(flow->owner, true))));
-		if (pg_proc_aclcheck(node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		if (object_aclcheck(ProcedureRelationId, node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 					 errmsg("permission denied for function %s of task \"%s\"",
