@@ -339,6 +339,15 @@ OfferPublish(const OfferSpec *spec)
 	bool		found;
 	dsa_pointer data;
 
+	/*
+	 * The rule this file keeps: a step is offered only once the commit that
+	 * led to it is done, so never from inside a transaction (a batch that
+	 * rolls back would leave a step offered that its flow's rows do not
+	 * have).
+	 */
+	if (IsTransactionState())
+		elog(ERROR, "dwarf: step of task \"%s\" of flow " INT64_FORMAT " offered inside a transaction",
+			 spec->task, spec->key.flow_id);
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 	offer = hash_search(OfferTable, &spec->key, HASH_FIND, NULL);
 	if (offer && offer->visits == spec->visits && offer->attempt == spec->attempt &&
@@ -408,40 +417,161 @@ OfferPublish(const OfferSpec *spec)
 	return true;
 }
 
-/* Withdraws the offer of a step (its flow closed, or the step moved on). */
-void
-OfferWithdraw(const OfferKey *key, LeaseEnd why)
+/*
+ * A withdrawal asked for while a transaction is open (a batch recording an
+ * answer, or closing a flow): done when that transaction commits, dropped
+ * when it aborts (OffersXactCallback), so that a batch that rolls back
+ * leaves every offer and lease as its flows' rows still say.
+ */
+typedef struct PendingWithdrawal
+{
+	OfferKey	key;			/* token_id -1: every offer of the flow */
+	int32		visits;			/* of the step answered; -1: any */
+	int32		attempt;
+	LeaseEnd	why;
+	int			level;			/* the transaction nest level that asked */
+} PendingWithdrawal;
+
+static List *PendingWithdrawals = NIL;
+
+/* Withdraws now (under the lock, exclusive) what w names. */
+static void
+ApplyWithdrawal(const PendingWithdrawal *w)
 {
 	Offer	   *offer;
 
+	if (w->key.token_id >= 0)
+	{
+		offer = hash_search(OfferTable, &w->key, HASH_FIND, NULL);
+		if (offer && (w->visits < 0 ||
+					  (offer->visits == w->visits && offer->attempt == w->attempt)))
+			RemoveOffer(offer, w->why);
+	}
+	else
+	{
+		HASH_SEQ_STATUS seq;
+
+		hash_seq_init(&seq, OfferTable);
+		while ((offer = hash_seq_search(&seq)) != NULL)
+			if (offer->key.dboid == w->key.dboid && offer->key.flow_id == w->key.flow_id)
+				RemoveOffer(offer, w->why);
+	}
+}
+
+/*
+ * At the end of the transaction that asked for withdrawals: done at its
+ * commit (the transaction is committed and visible by then), forgotten at
+ * its abort.  Nothing here can fail but a broken lock.
+ */
+static void
+OffersXactCallback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	if (PendingWithdrawals == NIL)
+		return;
+	if (event == XACT_EVENT_COMMIT)
+	{
+		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+		foreach(lc, PendingWithdrawals)
+			ApplyWithdrawal(lfirst(lc));
+		LWLockRelease(Offers->lock);
+	}
+	else if (event != XACT_EVENT_ABORT)
+		return;
+	list_free_deep(PendingWithdrawals);
+	PendingWithdrawals = NIL;
+}
+
+/* A subtransaction's withdrawals go with it: to its parent, or away. */
+static void
+OffersSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+					  SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	ListCell   *lc;
+
+	if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	foreach(lc, PendingWithdrawals)
+	{
+		PendingWithdrawal *w = lfirst(lc);
+
+		if (w->level < level)
+			continue;
+		if (event == SUBXACT_EVENT_COMMIT_SUB)
+			w->level = level - 1;
+		else
+		{
+			PendingWithdrawals = foreach_delete_current(PendingWithdrawals, lc);
+			pfree(w);
+		}
+	}
+}
+
+/*
+ * Withdraws now, outside a transaction, or at the commit of the one open:
+ * an offer is withdrawn only once what ends it is committed.
+ */
+static void
+Withdraw(const OfferKey *key, int32 visits, int32 attempt, LeaseEnd why)
+{
+	PendingWithdrawal w;
+
+	w.key = *key;
+	w.visits = visits;
+	w.attempt = attempt;
+	w.why = why;
+	w.level = GetCurrentTransactionNestLevel();
+	if (IsTransactionState())
+	{
+		static bool registered = false;
+		MemoryContext old;
+		PendingWithdrawal *copy;
+
+		if (!registered)
+		{
+			RegisterXactCallback(OffersXactCallback, NULL);
+			RegisterSubXactCallback(OffersSubXactCallback, NULL);
+			registered = true;
+		}
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		copy = palloc(sizeof(PendingWithdrawal));
+		*copy = w;
+		PendingWithdrawals = lappend(PendingWithdrawals, copy);
+		MemoryContextSwitchTo(old);
+		return;
+	}
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
-	offer = hash_search(OfferTable, key, HASH_FIND, NULL);
-	if (offer)
-		RemoveOffer(offer, why);
+	ApplyWithdrawal(&w);
 	LWLockRelease(Offers->lock);
 }
 
 /*
- * Withdraws every offer of a flow that closed or was cancelled.  A scan of
+ * Withdraws the offer of a step that was answered (visits and attempt), at
+ * the commit that records the answer.
+ */
+void
+OfferWithdraw(const OfferKey *key, int32 visits, int32 attempt, LeaseEnd why)
+{
+	Withdraw(key, visits, attempt, why);
+}
+
+/*
+ * Withdraws every offer of a flow that closed or was cancelled, at the
+ * commit that closes it (now, when the close committed already).  A scan of
  * all offers: for the rare flow that closes with steps still offered.
  */
-int
+void
 OfferWithdrawFlow(Oid dboid, int64 flow_id)
 {
-	HASH_SEQ_STATUS seq;
-	Offer	   *offer;
-	int			n = 0;
+	OfferKey	key;
 
-	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
-	hash_seq_init(&seq, OfferTable);
-	while ((offer = hash_seq_search(&seq)) != NULL)
-		if (offer->key.dboid == dboid && offer->key.flow_id == flow_id)
-		{
-			RemoveOffer(offer, LEASE_WITHDRAWN);
-			n++;
-		}
-	LWLockRelease(Offers->lock);
-	return n;
+	memset(&key, 0, sizeof(key));
+	key.dboid = dboid;
+	key.flow_id = flow_id;
+	key.token_id = -1;
+	Withdraw(&key, -1, -1, LEASE_WITHDRAWN);
 }
 
 /*

@@ -128,8 +128,8 @@ extern void OffersShmemStartup(void);
 
 /* the flow's worker */
 extern bool OfferPublish(const OfferSpec *spec);
-extern void OfferWithdraw(const OfferKey *key, LeaseEnd why);
-extern int	OfferWithdrawFlow(Oid dboid, int64 flow_id);
+extern void OfferWithdraw(const OfferKey *key, int32 visits, int32 attempt, LeaseEnd why);
+extern void OfferWithdrawFlow(Oid dboid, int64 flow_id);
 extern List *OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
 						 TimestampTz *next_due);
 extern bool OffersPending(void);

@@ -184,9 +184,10 @@ NewReadyEntry(FlowRun *flow, Token *token)
  * holding no process, for an answer or for its lease to run out.  Offering
  * again a step that is offered already leaves it as it stands (a flow
  * loaded again offers its waiting steps again).  Only once the commit that
- * led to the step is durable: from EnqueueRunnable (after a commit, or a
- * load), or from a batch that popped it off the ready queue.  Returns false
- * when the offers are full: the step is then due a second later.
+ * led to the step is durable, and never inside a transaction (OfferPublish
+ * checks): from EnqueueRunnable after a commit or a load, or when its
+ * timer comes due (MoveDueTimers).  Returns false when the offers are
+ * full: the step is then due a second later.
  */
 bool
 OfferExternalStep(FlowRun *flow, Token *token)
@@ -304,7 +305,9 @@ UnqueueTimers(FlowRun *flow)
 }
 
 /*
- * Moves the timers that came due to the ready queue.  Returns how many
+ * Moves the timers that came due to the ready queue; an external task's
+ * step that came due is offered instead (outside any transaction: the
+ * worker's loop calls this between batches).  Returns how many
  * milliseconds until the next one, or -1 when none is waiting.
  */
 long
@@ -332,6 +335,25 @@ MoveDueTimers(void)
 		token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 		if (token && token->timer == entry)
 			token->timer = NULL;
+		if (token && token->timer == NULL && token->answer == NULL &&
+			flow->status == FLOW_RUNNING &&
+			flow->graph->nodes[token->node].kind != TASK_FUNCTION)
+		{
+			/* an external step is offered here, outside any transaction */
+			if (OfferExternalStep(flow, token))
+			{
+				token->queued = false;
+				pfree(entry);
+			}
+			else
+			{
+				entry->due = token->due;	/* a second later */
+				pairingheap_add(Timers, &entry->ph);
+				NTimers++;
+				token->timer = entry;
+			}
+			continue;
+		}
 		MakeReady(entry);
 	}
 	return next;

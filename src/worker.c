@@ -240,9 +240,11 @@ BatchPart(void)
 /*
  * Takes the next part of a shared batch's steps, of its owner's, when all
  * it has are run and it has room (see DWARF_BATCH_PARTS).  A step that
- * would be lent to a runner goes back to the queue, and the batch takes no
- * more: lending takes a transaction of its own (LendSlowSteps), done
- * before the next batch.
+ * would be lent to a runner stays in the batch without running (later), to
+ * be queued again after the commit, and the batch takes no more: lending
+ * takes a transaction of its own (LendSlowSteps), done before the next
+ * batch.  (Queued again now, its flow could offer a sibling external step
+ * that this batch placed, before the commit that leads to it.)
  */
 static void
 RefillBatch(Batch *b)
@@ -266,11 +268,8 @@ RefillBatch(Batch *b)
 
 		if (token && RunnerWants(flow, token))
 		{
-			token->running = false;
-			EnqueueRunnable(flow);
-			pfree(entry);
+			entry->later = true;
 			b->full = true;
-			continue;
 		}
 		b->entries = lappend(b->entries, entry);
 	}
@@ -342,7 +341,7 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 
 	if (token == NULL || flow->status != FLOW_RUNNING)
 		return;					/* its flow closed or broke earlier in the batch */
-	if (ChangedSince(&b->seen, flow->id, flow->root_id) || FlowIsLent(flow->id) ||
+	if (entry->later || ChangedSince(&b->seen, flow->id, flow->root_id) || FlowIsLent(flow->id) ||
 		(b->ran > 0 && GetCurrentTimestamp() > b->deadline))
 	{
 		token->running = false; /* queued again after the commit */
@@ -887,6 +886,7 @@ LendSlowSteps(List *batch)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	bool		xact = false;
+	List	   *waiting = NIL;
 	ListCell   *lc;
 
 	foreach(lc, batch)
@@ -907,7 +907,7 @@ LendSlowSteps(List *batch)
 			batch = foreach_delete_current(batch, lc);
 			pfree(entry);
 			token->running = false;
-			EnqueueRunnable(flow);	/* on the timer heap */
+			waiting = lappend(waiting, flow);	/* on the timer heap, below */
 			continue;
 		}
 		if (RunnerLend(flow, token))
@@ -923,6 +923,10 @@ LendSlowSteps(List *batch)
 		CommitTransactionCommand();
 		MemoryContextSwitchTo(cxt);
 	}
+	/* queued outside the transaction: no step is offered inside one */
+	foreach(lc, waiting)
+		EnqueueRunnable(lfirst(lc));
+	list_free(waiting);
 	return batch;
 }
 
@@ -1045,7 +1049,7 @@ DropReturnedFlows(MemoryContext cxt, int64 **woken, int *nwoken)
 		if (flow)
 		{
 			if (flow->offered > 0)
-				(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
+				OfferWithdrawFlow(MyDatabaseId, flow->id);
 			DropFlow(flow);
 		}
 		(*woken)[(*nwoken)++] = id;
@@ -1197,7 +1201,7 @@ DrainNotes(List **requests)
 				case NOTE_CANCEL_FLOW:
 					flow = hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL);
 					if (flow && flow->offered > 0 && notes[i].kind == NOTE_CANCEL_FLOW)
-						(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
+						OfferWithdrawFlow(MyDatabaseId, flow->id);
 					if (flow)
 						DropFlow(flow);
 					NoteLoad(notes[i].flow_id, true);
