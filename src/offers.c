@@ -56,7 +56,10 @@
 /* The first part of the shared area, in the main shared memory. */
 #define DWARF_OFFER_AREA_SIZE	(1024 * 1024)
 
-/* Sweeps (a second apart) an offer's flow may be out of memory before it is withdrawn. */
+/*
+ * Sweeps (a second apart) an offer's flow may be out of memory before its
+ * worker looks it up in the table (OffersSweep's absent).
+ */
 #define DWARF_ABSENT_SWEEPS	10
 
 /* Most queues a server keeps at once (claims wait on them). */
@@ -599,13 +602,18 @@ OfferAnswered(const OfferKey *key, int32 visits, int32 attempt)
  * (ExpiredLeases, for the worker to record the failed attempts); answers
  * whose transaction rolled back give the lease back; leases ended long ago
  * are forgotten.  An offer whose flow the worker has not held (held) for
- * DWARF_ABSENT_SWEEPS sweeps in a row is withdrawn: its flow closed or was
- * cancelled while out of memory (a flow with offered steps is not evicted).
- * *next_due is the soonest lease end to come (0: none).
+ * DWARF_ABSENT_SWEEPS sweeps in a row has its flow's id added to *absent
+ * (again every DWARF_ABSENT_SWEEPS sweeps): a flow with offered steps is
+ * not evicted, so it closed or was cancelled while out of memory, or it
+ * waits to be loaded (after a restart, behind many others).  The worker
+ * looks each up and withdraws the offers of those that closed
+ * (OfferWithdrawFlow); nothing is withdrawn here, so that a lease is kept
+ * until it runs out or its flow really closes.  *next_due is the soonest
+ * lease end to come (0: none).
  */
 List *
 OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
-			TimestampTz *next_due)
+			TimestampTz *next_due, List **absent)
 {
 	HASH_SEQ_STATUS seq;
 	Offer	   *offer;
@@ -613,6 +621,7 @@ OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
 	List	   *expired = NIL;
 
 	*next_due = 0;
+	*absent = NIL;
 	OwnOffers = false;
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 	hash_seq_init(&seq, OfferTable);
@@ -629,10 +638,13 @@ OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
 		}
 		if (held(offer->key.flow_id))
 			offer->absent = 0;
-		else if (offer->state != OFFER_ANSWERING && ++offer->absent >= DWARF_ABSENT_SWEEPS)
+		else if (++offer->absent >= DWARF_ABSENT_SWEEPS)
 		{
-			RemoveOffer(offer, LEASE_WITHDRAWN);
-			continue;
+			int64	   *id = palloc(sizeof(int64));
+
+			*id = offer->key.flow_id;
+			*absent = lappend(*absent, id);
+			offer->absent = 0;
 		}
 		if (offer->state != OFFER_LEASED)
 			continue;

@@ -131,7 +131,7 @@ extern bool OfferPublish(const OfferSpec *spec);
 extern void OfferWithdraw(const OfferKey *key, int32 visits, int32 attempt, LeaseEnd why);
 extern void OfferWithdrawFlow(Oid dboid, int64 flow_id);
 extern List *OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
-						 TimestampTz *next_due);
+						 TimestampTz *next_due, List **absent);
 extern bool OffersPending(void);
 extern bool OffersAnsweredPending(void);
 extern List *OffersTakeAnswered(int worker_index);

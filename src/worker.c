@@ -1276,6 +1276,54 @@ TakeAnsweredSteps(void)
 static TimestampTz NextSweep = 0;
 
 /*
+ * Looks up the flows whose offered steps the sweep found long out of
+ * memory (OffersSweep's absent), in one statement: the offers of one that
+ * closed or was cancelled (or left the live table) are withdrawn; one
+ * still open is loaded, so that it takes its answers.  A lease is never
+ * given up only because its flow waits to be loaded (after a restart,
+ * behind many others): its outside worker's complete must go through.
+ */
+static void
+CheckAbsentFlows(List *absent)
+{
+	MemoryContext outer = CurrentMemoryContext;
+	Oid			types[1] = {INT8ARRAYOID};
+	Datum	   *ids = palloc(sizeof(Datum) * list_length(absent));
+	Datum		arg;
+	int			n = 0;
+	uint64		i;
+	ListCell   *lc;
+
+	foreach(lc, absent)
+		ids[n++] = Int64GetDatum(*(int64 *) lfirst(lc));
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	Connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: looking up flows of offered steps");
+	arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	Exec("SELECT DISTINCT u.id, EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = u.id"
+		 " AND f.status IN ('running', 'interrupted')) FROM unnest($1) u(id)",
+		 1, types, &arg, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull)))
+			NoteLoad(id, true);
+		else
+			OfferWithdrawFlow(MyDatabaseId, id);	/* at the commit below */
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(outer);
+	pgstat_report_activity(STATE_IDLE, NULL);
+}
+
+/*
  * Sweeps this worker's offers of external steps (offers.c) once a second,
  * and when a lease is due to run out: a step whose lease ran out gets the
  * failed attempt as its answer, recorded by the next batch (step.c), after
@@ -1288,11 +1336,15 @@ SweepOffers(void)
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next_due;
 	List	   *expired;
+	List	   *absent;
 	ListCell   *lc;
 
 	if (now < NextSweep)
 		return TimestampDifferenceMilliseconds(now, NextSweep) + 1;
-	expired = OffersSweep(Worker.slot->index, now, FlowHeld, &next_due);
+	expired = OffersSweep(Worker.slot->index, now, FlowHeld, &next_due, &absent);
+	if (absent != NIL)
+		CheckAbsentFlows(absent);
+	list_free_deep(absent);
 	foreach(lc, expired)
 	{
 		ExpiredLease *e = lfirst(lc);
