@@ -23,6 +23,16 @@
  * that ended is remembered for DWARF_LEASE_MEMORY_MS, so that a late
  * complete hears why it is refused.
  *
+ * The tables are of fixed size, allocated at start from the settings
+ * (dwarf.max_external_steps, four leases an offer, DWARF_MAX_QUEUES), so
+ * that they never take the shared memory the lock table may need.  The
+ * offers are shared by the roles that own some (RoleShare): one role's
+ * backlog waits in its flows, and another role below its share always
+ * finds room.  Nothing is offered and nothing withdrawn inside a
+ * transaction: a batch that rolls back leaves them as its flows' rows say.
+ * A queue goes when nothing uses it, and a dropped database's offers with
+ * it (OffersForgetDatabase).
+ *
  * One LWLock guards it all; what it covers is short (hash lookups, list
  * moves, copying one step's input out).
  */
@@ -71,12 +81,20 @@ typedef struct OfferQueueKey
 	char		name[NAMEDATALEN];
 } OfferQueueKey;
 
-/* A queue: its ready steps, oldest first, and the claims waiting on it. */
+/*
+ * A queue: its ready steps, oldest first, and the claims waiting on it.  It
+ * goes once no offer and no claim uses it (DropQueueIfUnused), so that
+ * claims on made-up names leave nothing behind; the HTTP process's queue
+ * (watched) stays.
+ */
 typedef struct OfferQueue
 {
 	OfferQueueKey key;
 	dlist_head	ready;
 	int			nlimited;		/* of the ready, those whose task names a limit */
+	int			noffers;		/* offers of any state on it */
+	int			nwaiting;		/* claims waiting on it (OffersWait) */
+	bool		watched;		/* the HTTP process waits on it (OffersWatch) */
 	ConditionVariable cv;
 } OfferQueue;
 
@@ -111,6 +129,16 @@ typedef struct Offer
 	bool		on_answered;
 } Offer;
 
+/*
+ * A role's offers: the pool of dwarf.max_external_steps is shared by the
+ * roles that own offered steps (RoleShare).
+ */
+typedef struct OfferRole
+{
+	Oid			role;
+	int			offers;
+} OfferRole;
+
 /* A lease, held or ended. */
 typedef struct Lease
 {
@@ -129,6 +157,7 @@ typedef struct OffersShared
 	dlist_head	answered;		/* offers being answered, for their workers to
 								 * take once the answer committed */
 	volatile int nanswered;		/* how many: read unlocked, as a hint */
+	int			nroles;			/* entries of RoleTable (roles with offers) */
 	char		area[FLEXIBLE_ARRAY_MEMBER];	/* DWARF_OFFER_AREA_SIZE */
 } OffersShared;
 
@@ -136,6 +165,7 @@ static OffersShared *Offers = NULL;
 static HTAB *OfferTable = NULL;
 static HTAB *LeaseTable = NULL;
 static HTAB *QueueTable = NULL;
+static HTAB *RoleTable = NULL;
 static dsa_area *Area = NULL;
 
 /* Has this process offers to sweep (it offered, or its last sweep found some)? */
@@ -147,6 +177,13 @@ MaxLeases(void)
 	return dwarf_max_external_steps * 4;
 }
 
+/* Roles that may own offers at once: one an offer at most. */
+static int
+MaxOfferRoles(void)
+{
+	return Min(dwarf_max_external_steps, 4096);
+}
+
 static Size
 OffersSize(void)
 {
@@ -155,6 +192,7 @@ OffersSize(void)
 	size = add_size(size, hash_estimate_size(dwarf_max_external_steps, sizeof(Offer)));
 	size = add_size(size, hash_estimate_size(MaxLeases(), sizeof(Lease)));
 	size = add_size(size, hash_estimate_size(DWARF_MAX_QUEUES, sizeof(OfferQueue)));
+	size = add_size(size, hash_estimate_size(MaxOfferRoles(), sizeof(OfferRole)));
 	return size;
 }
 
@@ -190,23 +228,34 @@ OffersShmemStartup(void)
 		Offers->bytes = 0;
 		dlist_init(&Offers->answered);
 		Offers->nanswered = 0;
+		Offers->nroles = 0;
 		area = dsa_create_in_place(Offers->area, DWARF_OFFER_AREA_SIZE,
 								   Offers->area_tranche, NULL);
 		dsa_pin(area);
 		dsa_detach(area);
 	}
+	/*
+	 * Fixed-size tables, all allocated now: full, an insert fails (and the
+	 * setting is named in what follows), rather than take the shared
+	 * memory that the lock table may need.
+	 */
 	ctl.keysize = sizeof(OfferKey);
 	ctl.entrysize = sizeof(Offer);
 	OfferTable = ShmemInitHash("dwarf offered steps", dwarf_max_external_steps,
-							   dwarf_max_external_steps, &ctl, HASH_ELEM | HASH_BLOBS);
+							   dwarf_max_external_steps, &ctl,
+							   HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	ctl.keysize = sizeof(int64);
 	ctl.entrysize = sizeof(Lease);
 	LeaseTable = ShmemInitHash("dwarf leases", MaxLeases(), MaxLeases(), &ctl,
-							   HASH_ELEM | HASH_BLOBS);
+							   HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	ctl.keysize = sizeof(OfferQueueKey);
 	ctl.entrysize = sizeof(OfferQueue);
 	QueueTable = ShmemInitHash("dwarf offer queues", DWARF_MAX_QUEUES, DWARF_MAX_QUEUES,
-							   &ctl, HASH_ELEM | HASH_BLOBS);
+							   &ctl, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(OfferRole);
+	RoleTable = ShmemInitHash("dwarf offer roles", MaxOfferRoles(), MaxOfferRoles(),
+							  &ctl, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -242,9 +291,68 @@ FindQueue(const char *name, bool create)
 	{
 		dlist_init(&queue->ready);
 		queue->nlimited = 0;
+		queue->noffers = 0;
+		queue->nwaiting = 0;
+		queue->watched = false;
 		ConditionVariableInit(&queue->cv);
 	}
 	return queue;
+}
+
+/*
+ * Removes a queue that no offer and no claim uses any more (under the
+ * lock, exclusive).  A broadcast on it that comes late finds its entry on
+ * the table's free list, unchanged, or another queue's: a spurious wake-up
+ * at most.
+ */
+static void
+DropQueueIfUnused(OfferQueue *queue)
+{
+	if (queue->noffers == 0 && queue->nwaiting == 0 && !queue->watched)
+		hash_search(QueueTable, &queue->key, HASH_REMOVE, NULL);
+}
+
+/*
+ * May a step of role be offered, by its share of dwarf.max_external_steps?
+ * A role holds at most max / (other roles with offers + 2): with n roles
+ * at their share, max / (n + 1) stays free, more than a newcomer's share
+ * (max / (n + 2)), so that a role below its share always finds room for
+ * its next offer whatever the others hold.  A role's backlog past its
+ * share waits in its flows (durable in the tables) and is offered as its
+ * offers end.  Under the lock.
+ */
+static bool
+RoleShare(Oid role)
+{
+	OfferRole  *entry = hash_search(RoleTable, &role, HASH_FIND, NULL);
+	int			mine = entry ? entry->offers : 0;
+	int			others = Offers->nroles - (entry ? 1 : 0);
+
+	return mine < Max(dwarf_max_external_steps / (others + 2), 1);
+}
+
+/* Counts an offer of role (+1) or one that ended (-1); under the lock. */
+static bool
+CountRole(Oid role, int delta)
+{
+	bool		found;
+	OfferRole  *entry = hash_search(RoleTable, &role,
+									delta > 0 ? HASH_ENTER_NULL : HASH_FIND, &found);
+
+	if (entry == NULL)
+		return false;
+	if (delta > 0 && !found)
+	{
+		entry->offers = 0;
+		Offers->nroles++;
+	}
+	entry->offers += delta;
+	if (entry->offers <= 0)
+	{
+		hash_search(RoleTable, &role, HASH_REMOVE, NULL);
+		Offers->nroles--;
+	}
+	return true;
 }
 
 /* The key of an offer's limit (in the shared area), or NULL. */
@@ -317,6 +425,9 @@ RemoveOffer(Offer *offer, LeaseEnd why)
 	}
 	EndLease(offer, why);
 	FreeData(offer);
+	CountRole(offer->owner, -1);
+	offer->queue->noffers--;
+	DropQueueIfUnused(offer->queue);
 	hash_search(OfferTable, &offer->key, HASH_REMOVE, NULL);
 }
 
@@ -324,11 +435,12 @@ RemoveOffer(Offer *offer, LeaseEnd why)
  * Offers a step, or leaves the offer of the same step (visit and attempt)
  * as it stands: a worker that loads a flow again offers its steps again,
  * and a lease taken meanwhile must hold.  An offer of an earlier visit or
- * attempt of the branch is replaced.  Returns false when the step cannot be
- * offered now: dwarf.max_external_steps steps are offered, or their inputs
- * fill dwarf.external_memory.
+ * attempt of the branch is replaced.  Returns OFFERED, or why the step
+ * cannot be offered now: its owner holds its share of
+ * dwarf.max_external_steps (RoleShare), the table is full, the inputs fill
+ * dwarf.external_memory, or there are too many queues.
  */
-bool
+OfferRefusal
 OfferPublish(const OfferSpec *spec)
 {
 	dsa_area   *area = OfferArea();
@@ -357,30 +469,45 @@ OfferPublish(const OfferSpec *spec)
 		offer->state != OFFER_EXPIRED)
 	{
 		LWLockRelease(Offers->lock);
-		return true;
+		return OFFERED;
 	}
 	if (offer)
 		RemoveOffer(offer, offer->state == OFFER_ANSWERING ? LEASE_ANSWERED : LEASE_EXPIRED);
-	queue = FindQueue(spec->queue, true);
-	if (queue == NULL ||
-		Offers->bytes + len > (Size) dwarf_external_memory * 1024)
+	if (!RoleShare(spec->owner))
 	{
 		LWLockRelease(Offers->lock);
-		return false;
+		return OFFER_PAST_SHARE;
+	}
+	queue = FindQueue(spec->queue, true);
+	if (queue == NULL)
+	{
+		LWLockRelease(Offers->lock);
+		return OFFER_NO_QUEUE;
+	}
+	if (Offers->bytes + len > (Size) dwarf_external_memory * 1024)
+	{
+		DropQueueIfUnused(queue);
+		LWLockRelease(Offers->lock);
+		return OFFER_NO_MEMORY;
 	}
 	data = dsa_allocate_extended(area, len, DSA_ALLOC_NO_OOM | DSA_ALLOC_HUGE);
 	if (!DsaPointerIsValid(data))
 	{
+		DropQueueIfUnused(queue);
 		LWLockRelease(Offers->lock);
-		return false;
+		return OFFER_NO_MEMORY;
 	}
 	offer = hash_search(OfferTable, &spec->key, HASH_ENTER_NULL, &found);
-	if (offer == NULL)
+	if (offer == NULL || !CountRole(spec->owner, 1))
 	{
+		if (offer)
+			hash_search(OfferTable, &spec->key, HASH_REMOVE, NULL);
 		dsa_free(area, data);
+		DropQueueIfUnused(queue);
 		LWLockRelease(Offers->lock);
-		return false;
+		return OFFER_FULL;
 	}
+	queue->noffers++;
 	offer->state = OFFER_READY;
 	offer->visits = spec->visits;
 	offer->attempt = spec->attempt;
@@ -414,10 +541,10 @@ OfferPublish(const OfferSpec *spec)
 	dlist_push_tail(&queue->ready, &offer->in_queue);
 	if (offer->limit[0] != '\0')
 		queue->nlimited++;
+	ConditionVariableBroadcast(&queue->cv);	/* under the lock: the queue stays */
 	LWLockRelease(Offers->lock);
 	OwnOffers = true;			/* for the worker's sweeps, until one finds none */
-	ConditionVariableBroadcast(&queue->cv);
-	return true;
+	return OFFERED;
 }
 
 /*
@@ -886,7 +1013,8 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 	return claimed;
 }
 
-/* The queue a claim sleeps on, while it does. */
+/* The queue a claim sleeps on, while it does, and its condition variable. */
+static OfferQueue *SleepingQueue = NULL;
 static ConditionVariable *Sleeping = NULL;
 
 /*
@@ -906,12 +1034,15 @@ OffersWait(const char *queue_name, TimestampTz until)
 	{
 		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 		queue = FindQueue(queue_name, true);
+		if (queue)
+			queue->nwaiting++;
 		LWLockRelease(Offers->lock);
 		if (queue == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 					 errmsg("too many queues of external tasks to wait on queue \"%s\"", queue_name),
 					 errdetail("A server keeps at most %d queues.", DWARF_MAX_QUEUES)));
+		SleepingQueue = queue;
 		Sleeping = &queue->cv;
 		ConditionVariablePrepareToSleep(Sleeping);
 		return true;
@@ -935,18 +1066,55 @@ OffersWatch(const char *queue_name)
 
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 	queue = FindQueue(queue_name, true);
+	if (queue)
+		queue->watched = true;	/* never dropped: this process keeps its address */
 	LWLockRelease(Offers->lock);
 	if (queue)
 		ConditionVariablePrepareToSleep(&queue->cv);
 }
 
-/* Ends a claim's wait (done, or an error). */
+/*
+ * Ends a claim's wait (done, or an error); its queue goes if nothing else
+ * uses it (a claim on a name no task has).
+ */
 void
 OffersCancelWait(void)
 {
 	if (Sleeping)
 		ConditionVariableCancelSleep();
 	Sleeping = NULL;
+	if (SleepingQueue)
+	{
+		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+		SleepingQueue->nwaiting--;
+		DropQueueIfUnused(SleepingQueue);
+		LWLockRelease(Offers->lock);
+		SleepingQueue = NULL;
+	}
+}
+
+/*
+ * Frees what a dropped database held: its offers (their leases end as
+ * withdrawn) and its queues.  The launcher calls it once the database's
+ * workers have stopped.
+ */
+void
+OffersForgetDatabase(Oid dboid)
+{
+	HASH_SEQ_STATUS seq;
+	Offer	   *offer;
+	OfferQueue *queue;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	hash_seq_init(&seq, OfferTable);
+	while ((offer = hash_seq_search(&seq)) != NULL)
+		if (offer->key.dboid == dboid)
+			RemoveOffer(offer, LEASE_WITHDRAWN);
+	hash_seq_init(&seq, QueueTable);
+	while ((queue = hash_seq_search(&seq)) != NULL)
+		if (queue->key.dboid == dboid && queue->noffers == 0)
+			hash_search(QueueTable, &queue->key, HASH_REMOVE, NULL);
+	LWLockRelease(Offers->lock);
 }
 
 /* Fills info from an offer. */
