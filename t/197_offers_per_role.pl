@@ -12,7 +12,8 @@
 #     offered and claimable; mallory's backlog is offered as room frees;
 #     the log says so once in a while, not once a step;
 #  3. a claim on a queue name no task has leaves no queue behind: 1100
-#     such claims (a server keeps 1024 queues) are all served.
+#     such claims (a server keeps 1024 queues) are all served;
+#  4. what a dropped database held in the pool is freed.
 use strict;
 use warnings;
 
@@ -116,5 +117,27 @@ is($node->safe_psql('postgres', q{
 		END LOOP;
 	END $$; SELECT 'done'}, extra_params => [ '-U', 'alice' ]), 'done',
 	'1100 claims on made-up queue names leave no queue behind (a server keeps 1024)');
+
+# ------------------------------------------------------------------ 4. a dropped database
+# mallory's steps in database db2 hold her share of the pool (roles are
+# the server's), so alice's share is a third: 6 of 20.  Once db2 is
+# dropped, what it held is freed, and alice's share is half: 10.
+$node->safe_psql('postgres', 'CREATE DATABASE db2');
+$node->safe_psql('db2', q{CREATE EXTENSION dwarf; GRANT USAGE ON SCHEMA dwarf TO mallory});
+$node->safe_psql('db2', q{
+	SELECT dwarf.define('ext', '{"tasks": {"X": {"external": "q", "lease": "10 min"}},
+	  "transitions": [{"from": "X", "to": "END"}]}');
+	SELECT dwarf.create('ext') FROM generate_series(1, 30)}, extra_params => [ '-U', 'mallory' ]);
+$until = time + 60;
+sleep(0.2) while $node->safe_psql('db2', q{SELECT count(*) FROM dwarf.external_steps('q')}) < 5
+  && time < $until;
+$node->safe_psql('postgres', q{SELECT dwarf.create('ext') FROM generate_series(1, 20)},
+	extra_params => [ '-U', 'alice' ]);
+sleep(3);
+cmp_ok(offered_to('alice'), '<=', 6, "alice holds a third of the pool while mallory has steps in db2");
+$node->safe_psql('postgres', 'DROP DATABASE db2 WITH (FORCE)');
+$until = time + 90;
+sleep(0.2) while offered_to('alice') < 10 && time < $until;
+is(offered_to('alice'), '10', "db2 dropped, its offers are freed: alice's share is half the pool");
 
 done_testing();
