@@ -377,8 +377,9 @@ MoveDueTimers(void)
 		token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 		if (token && token->timer == entry)
 			token->timer = NULL;
-		if (token && token->timer == NULL && token->answer == NULL &&
-			flow->status == FLOW_RUNNING &&
+		else
+			token = NULL;		/* a stale entry: PopBatch drops it */
+		if (token && token->answer == NULL && flow->status == FLOW_RUNNING &&
 			flow->graph->nodes[token->node].kind != TASK_FUNCTION)
 		{
 			/* an external step is offered here, outside any transaction */

@@ -885,6 +885,7 @@ static List *
 LendSlowSteps(List *batch)
 {
 	MemoryContext cxt = CurrentMemoryContext;
+	MemoryContext old;
 	bool		xact = false;
 	List	   *waiting = NIL;
 	ListCell   *lc;
@@ -907,7 +908,9 @@ LendSlowSteps(List *batch)
 			batch = foreach_delete_current(batch, lc);
 			pfree(entry);
 			token->running = false;
+			old = MemoryContextSwitchTo(cxt);	/* outlives the transaction */
 			waiting = lappend(waiting, flow);	/* on the timer heap, below */
+			MemoryContextSwitchTo(old);
 			continue;
 		}
 		if (RunnerLend(flow, token))
