@@ -30,8 +30,8 @@
  * backlog waits in its flows, and another role below its share always
  * finds room.  Nothing is offered and nothing withdrawn inside a
  * transaction: a batch that rolls back leaves them as its flows' rows say.
- * A queue goes when nothing uses it, and a dropped database's offers with
- * it (OffersForgetDatabase).
+ * A queue goes when nothing uses it, and a dropped database's offers,
+ * leases and queues with it (OffersForgetDatabase).
  *
  * One LWLock guards it all; what it covers is short (hash lookups, list
  * moves, copying one step's input out).
@@ -1017,6 +1017,13 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 static OfferQueue *SleepingQueue = NULL;
 static ConditionVariable *Sleeping = NULL;
 
+/* At exit: a claim that an error ended leaves no waiter on its queue. */
+static void
+OffersWaitAtExit(int code, Datum arg)
+{
+	OffersCancelWait();
+}
+
 /*
  * Waits until a step is offered on queue, or until until: true when woken
  * by an offer (the caller claims again), false at until.  A wake-up, not a
@@ -1032,6 +1039,14 @@ OffersWait(const char *queue_name, TimestampTz until)
 
 	if (Sleeping == NULL)
 	{
+		static bool registered = false;
+
+		if (!registered)
+		{
+			/* a claim ended by an error is forgotten by the next, or at exit */
+			before_shmem_exit(OffersWaitAtExit, (Datum) 0);
+			registered = true;
+		}
 		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 		queue = FindQueue(queue_name, true);
 		if (queue)
@@ -1104,6 +1119,7 @@ OffersForgetDatabase(Oid dboid)
 	HASH_SEQ_STATUS seq;
 	Offer	   *offer;
 	OfferQueue *queue;
+	Lease	   *lease;
 
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 	hash_seq_init(&seq, OfferTable);
@@ -1114,6 +1130,10 @@ OffersForgetDatabase(Oid dboid)
 	while ((queue = hash_seq_search(&seq)) != NULL)
 		if (queue->key.dboid == dboid && queue->noffers == 0)
 			hash_search(QueueTable, &queue->key, HASH_REMOVE, NULL);
+	hash_seq_init(&seq, LeaseTable);	/* no worker of it sweeps them now */
+	while ((lease = hash_seq_search(&seq)) != NULL)
+		if (lease->key.dboid == dboid)
+			hash_search(LeaseTable, &lease->lease, HASH_REMOVE, NULL);
 	LWLockRelease(Offers->lock);
 }
 
