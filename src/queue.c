@@ -179,14 +179,58 @@ NewReadyEntry(FlowRun *flow, Token *token)
 	return entry;
 }
 
+/* How often a worker says that steps wait for room to be offered. */
+#define DWARF_NO_ROOM_LOG_MS	10000
+
+/*
+ * Says why steps of external tasks wait for room to be offered: once per
+ * DWARF_NO_ROOM_LOG_MS for the worker, with how many were refused since,
+ * naming the setting (a backlog of 100,000 steps retried each second must
+ * not write a line each).
+ */
+static void
+SayNoRoom(OfferRefusal why, const char *task, FlowRun *flow)
+{
+	static TimestampTz last = 0;
+	static int	refused = 0;
+	TimestampTz now = GetCurrentTimestamp();
+	const char *hint;
+
+	refused++;
+	if (last != 0 && now - last < (TimestampTz) DWARF_NO_ROOM_LOG_MS * 1000)
+		return;
+	switch (why)
+	{
+		case OFFER_PAST_SHARE:
+			hint = "The role holds its share of dwarf.max_external_steps (the offers are shared by the roles that have some); its other steps are offered as its offered steps are answered.";
+			break;
+		case OFFER_NO_MEMORY:
+			hint = "The states of the offered steps fill dwarf.external_memory.";
+			break;
+		case OFFER_NO_QUEUE:
+			hint = "The server keeps at most 1024 queues of external tasks.";
+			break;
+		default:
+			hint = "dwarf.max_external_steps steps are offered.";
+			break;
+	}
+	ereport(LOG,
+			(errmsg("dwarf: %d steps of external tasks wait for room to be offered, among them task \"%s\" of flow " INT64_FORMAT " (owner oid %u)",
+					refused, task, flow->id, flow->owner),
+			 errhint("%s", hint)));
+	last = now;
+	refused = 0;
+}
+
 /*
  * Offers a step of an external task to claims (offers.c): it waits there,
  * holding no process, for an answer or for its lease to run out.  Offering
  * again a step that is offered already leaves it as it stands (a flow
  * loaded again offers its waiting steps again).  Only once the commit that
- * led to the step is durable: from EnqueueRunnable (after a commit, or a
- * load), or from a batch that popped it off the ready queue.  Returns false
- * when the offers are full: the step is then due a second later.
+ * led to the step is durable, and never inside a transaction (OfferPublish
+ * checks): from EnqueueRunnable after a commit or a load, or when its
+ * timer comes due (MoveDueTimers).  Returns false when the offers are
+ * full: the step is then due a second later.
  */
 bool
 OfferExternalStep(FlowRun *flow, Token *token)
@@ -194,6 +238,7 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	GraphNode  *node = &flow->graph->nodes[token->node];
 	TimestampTz now = GetCurrentTimestamp();
 	OfferSpec	spec;
+	OfferRefusal why;
 
 	memset(&spec, 0, sizeof(spec));
 	spec.key.dboid = MyDatabaseId;
@@ -213,13 +258,11 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	spec.call = node->http;
 	if (token->attempt == 1 && token->first_started == 0)
 		token->first_started = now;
-	if (!OfferPublish(&spec))
+	why = OfferPublish(&spec);
+	if (why != OFFERED)
 	{
 		token->due = now + USECS_PER_SEC;
-		ereport(LOG,
-				(errmsg("dwarf: the step of external task \"%s\" of flow " INT64_FORMAT " waits: no room to offer it",
-						node->name, flow->id),
-				 errhint("dwarf.max_external_steps steps are offered, or their states fill dwarf.external_memory.")));
+		SayNoRoom(why, node->name, flow);
 		return false;
 	}
 	token->offered = true;
@@ -302,7 +345,9 @@ UnqueueTimers(FlowRun *flow)
 }
 
 /*
- * Moves the timers that came due to the ready queue.  Returns how many
+ * Moves the timers that came due to the ready queue; an external task's
+ * step that came due is offered instead (outside any transaction: the
+ * worker's loop calls this between batches).  Returns how many
  * milliseconds until the next one, or -1 when none is waiting.
  */
 long
@@ -330,6 +375,26 @@ MoveDueTimers(void)
 		token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 		if (token && token->timer == entry)
 			token->timer = NULL;
+		else
+			token = NULL;		/* a stale entry: PopBatch drops it */
+		if (token && token->answer == NULL && flow->status == FLOW_RUNNING &&
+			flow->graph->nodes[token->node].kind != TASK_FUNCTION)
+		{
+			/* an external step is offered here, outside any transaction */
+			if (OfferExternalStep(flow, token))
+			{
+				token->queued = false;
+				pfree(entry);
+			}
+			else
+			{
+				entry->due = token->due;	/* a second later */
+				pairingheap_add(Timers, &entry->ph);
+				NTimers++;
+				token->timer = entry;
+			}
+			continue;
+		}
 		MakeReady(entry);
 	}
 	return next;

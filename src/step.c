@@ -560,14 +560,16 @@ ReportStop(FlowRun *flow, int node, TaskStop stopped, TimestampTz started)
 /* ---------- steps of external tasks ---------- */
 
 /*
- * A step of an external task that came through the ready queue (its retry
- * backoff ran out, say) is offered to claims (OfferExternalStep, queue.c);
- * when the offers are full, it is put off for a second.
+ * A step of an external task with no answer yet is not offered inside a
+ * batch's transaction (offers.c refuses it): it is put back, and its flow,
+ * queued again after the commit or reloaded after a rollback, offers it
+ * then (EnqueueRunnable).  MoveDueTimers offers such steps whose backoff
+ * ran out before they reach a batch; this is for any other way in.
  */
 static StepResult
 OfferStep(FlowRun *flow, Token *token)
 {
-	return OfferExternalStep(flow, token) ? STEP_OFFERED : STEP_DEFERRED;
+	return STEP_DEFERRED;
 }
 
 /* The error document of an external step's failed attempt. */
@@ -692,7 +694,7 @@ RecordAnswer(FlowRun *flow, Token *token, bool isolated)
 	key.dboid = MyDatabaseId;
 	key.flow_id = flow->id;
 	key.token_id = token_id;
-	OfferWithdraw(&key, LEASE_ANSWERED);
+	OfferWithdraw(&key, visits, attempt, LEASE_ANSWERED);
 	return result;
 }
 

@@ -547,7 +547,7 @@ WriteClose(FlowRun *flow)
 	if (flow->parent_id != 0)
 		NoteOnCommit(flow->parent_id, NOTE_RELOAD_FLOW, false);
 	if (flow->offered > 0)		/* external steps no one will answer now */
-		(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
+		OfferWithdrawFlow(MyDatabaseId, flow->id);
 	if (flow->delete_on_completion && flow->status == FLOW_COMPLETED)
 	{
 		args[0] = Int64GetDatum(flow->id);

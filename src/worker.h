@@ -45,6 +45,8 @@ typedef struct ReadyEntry
 	int			contended;		/* lock conflicts it met so far (worker.c) */
 	bool		kept;			/* a slow step no runner could take: the worker
 								 * runs it, and does not preempt it (lend.c) */
+	bool		later;			/* not run in its batch: queued again after the
+								 * commit, to be lent (RefillBatch) */
 } ReadyEntry;
 
 /*
