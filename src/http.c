@@ -25,10 +25,21 @@
  * called again, with the same Idempotency-Key (the step key): a call is
  * made at least once.
  *
- * A call ends before its lease does: curl's timeout ends it, or, for a
- * call that waited in curl's queue for a connection (curl does not time
- * those out while they wait), its deadline, half the lease's margin before
- * the lease ends (EndLateCalls).  A lease that ends under a call anyway
+ * Roles share the calls fairly.  Steps are claimed role by role, each
+ * role up to its share of the calls at once (RoleShare: the calls over the
+ * roles holding some, plus one, so that a role holding none always finds
+ * room), so one role's backlog waits offered, in its own line; the calls
+ * at once are bounded by dwarf.http_max_in_flight and by
+ * dwarf.http_max_response_memory, each call holding dwarf.http_max_response
+ * of it from its start (SlotLimit).  Each host's connections are shared
+ * the same way (MayConnect), counted here: a call past its role's share of
+ * its host waits here, claimed, its lease kept and its timeout not running
+ * (StartWaitingCalls), never in curl's queue (CURLMOPT_MAX_HOST_CONNECTIONS
+ * is only a backstop).
+ *
+ * A call ends before its lease does: curl's timeout ends it, or its
+ * deadline, half the lease's margin before the lease ends, should curl
+ * not (EndLateCalls).  A lease that ends under a call anyway
  * (its flow was cancelled or closed, or it ran out) wakes this process,
  * which closes the call at once (DropEndedCalls), and before it starts any
  * call it has just claimed: one step's attempts are never open at once.
