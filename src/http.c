@@ -1242,7 +1242,7 @@ static void
 ClaimAndStart(void)
 {
 	MemoryContext cxt = CurrentMemoryContext;
-	int			room = SlotLimit() - NumInFlight - NumDone;
+	volatile int room = SlotLimit() - NumInFlight - NumDone;
 	Oid		   *turns;
 	int			nturns;
 	List	   *volatile claimed = NIL;
@@ -1286,34 +1286,35 @@ ClaimAndStart(void)
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
-	LimitDue = 0;
-	for (i = 0; i < nturns && room > 0; i++)
-	{
-		Oid			owner = turns[i];
-		int			want = Min(room, RoleShare(owner) - CallsOf(owner));
-		Oid		   *seen;
-		int			nseen;
-		int			j;
-		TimestampTz due;
-		List	   *more;
-
-		if (want <= 0)
-			continue;
-		more = ClaimOffered(DWARF_HTTP_QUEUE, want, 0, &owner, 1, false, &seen, &nseen, &due);
-		if (due > 0 && (LimitDue == 0 || due < LimitDue))
-			LimitDue = due;
-		for (j = 0; j < nseen; j++)
-			ReadyAdd(seen[j]);
-		if (list_length(more) < want)
-			ReadyRemove(owner); /* none left that it may claim now */
-		RoleAdd(owner, list_length(more));
-		room -= list_length(more);
-		claimed = list_concat(claimed, more);
-	}
 	PG_TRY();
 	{
-		Oid			fn = claimed ? HttpCallFunction() : InvalidOid;
+		Oid			fn;
 
+		LimitDue = 0;
+		for (i = 0; i < nturns && room > 0; i++)
+		{
+			Oid			owner = turns[i];
+			int			want = Min(room, RoleShare(owner) - CallsOf(owner));
+			Oid		   *seen;
+			int			nseen;
+			int			j;
+			TimestampTz due;
+			List	   *more;
+
+			if (want <= 0)
+				continue;
+			more = ClaimOffered(DWARF_HTTP_QUEUE, want, 0, &owner, 1, false, &seen, &nseen, &due);
+			if (due > 0 && (LimitDue == 0 || due < LimitDue))
+				LimitDue = due;
+			for (j = 0; j < nseen; j++)
+				ReadyAdd(seen[j]);
+			if (list_length(more) < want)
+				ReadyRemove(owner); /* none left that it may claim now */
+			RoleAdd(owner, list_length(more));
+			room -= list_length(more);
+			claimed = list_concat(claimed, more);
+		}
+		fn = claimed ? HttpCallFunction() : InvalidOid;
 		foreach(lc, claimed)
 		{
 			HttpCall   *call = PrepareCall(lfirst(lc), fn);
