@@ -56,6 +56,7 @@ extern char *dwarf_http_allow;	/* URL prefixes HTTP tasks may call */
 extern int	dwarf_http_max_response;	/* kB of an HTTP answer's body */
 extern int	dwarf_http_max_in_flight;	/* HTTP calls at once, per database */
 extern int	dwarf_http_max_host_connections;	/* ... connections per host */
+extern int	dwarf_http_max_response_memory;	/* kB all answers in flight may take */
 extern int	dwarf_stats_entries;	/* graphs' and tasks' statistics kept (stats.c) */
 
 /*
