@@ -363,7 +363,7 @@ static bool
 TakeTagWith(const LimitTag *tag, const char *name, const char *key,
 			const LimitSettings *settings, TimestampTz now, TimestampTz *retry_at)
 {
-	static TimestampTz said_full = 0;
+	static LogRate full;
 	LimitSettings s = *settings;
 	LimitCount *c;
 	bool		taken = false;
@@ -377,14 +377,16 @@ TakeTagWith(const LimitTag *tag, const char *name, const char *key,
 		if (!s.set)
 			return true;		/* not limited: nothing to count it in */
 		*retry_at = now + USECS_PER_SEC;
-		if (TimestampDifferenceExceeds(said_full, now, 10000))
 		{
-			said_full = now;
-			ereport(LOG,
-					(errmsg("dwarf: no room for the count of limit \"%s\": dwarf.max_limit_keys (%d) counts are in use",
-							name, dwarf_max_limit_keys),
-					 errdetail("Steps under the limit wait until a count is free."),
-					 errhint("Raise dwarf.max_limit_keys (it takes a restart), or use fewer keys.")));
+			int64		n;
+			int			seconds;
+
+			if ((n = LogRateDue(&full, now, &seconds)) > 0)
+				ereport(LOG,
+						(errmsg("dwarf: no room for the count of limit \"%s\": dwarf.max_limit_keys (%d) counts are in use%s",
+								name, dwarf_max_limit_keys, LogRateCount(n, seconds)),
+						 errdetail("Steps under the limit wait until a count is free."),
+						 errhint("Raise dwarf.max_limit_keys (it takes a restart), or use fewer keys.")));
 		}
 		return false;
 	}

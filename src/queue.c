@@ -217,11 +217,16 @@ OfferExternalStep(FlowRun *flow, Token *token)
 		token->first_started = now;
 	if (!OfferPublish(&spec))
 	{
+		static LogRate no_room;
+		int64		n;
+		int			seconds;
+
 		token->due = now + USECS_PER_SEC;
-		ereport(LOG,
-				(errmsg("dwarf: the step of external task \"%s\" of flow " INT64_FORMAT " waits: no room to offer it",
-						node->name, flow->id),
-				 errhint("dwarf.max_external_steps steps are offered, or their states fill dwarf.external_memory.")));
+		if ((n = LogRateDue(&no_room, now, &seconds)) > 0)
+			ereport(LOG,
+					(errmsg("dwarf: the step of external task \"%s\" of flow " INT64_FORMAT " waits: no room to offer it%s",
+							node->name, flow->id, LogRateCount(n, seconds)),
+					 errhint("dwarf.max_external_steps steps are offered, or their states fill dwarf.external_memory.")));
 		return false;
 	}
 	token->offered = true;

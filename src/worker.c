@@ -455,9 +455,14 @@ ReloadBatch(Batch *b)
 static void
 BatchRolledBack(Batch *b, ErrorData *edata)
 {
-	ereport(LOG,
-			(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
-					list_length(b->entries), edata->message)));
+	static LogRate rolled_back;
+	int64		n;
+	int			seconds;
+
+	if ((n = LogRateDue(&rolled_back, GetCurrentTimestamp(), &seconds)) > 0)
+		ereport(LOG,
+				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s%s",
+						list_length(b->entries), edata->message, LogRateCount(n, seconds))));
 	ReloadBatch(b);
 	IsolateNext = true;
 }

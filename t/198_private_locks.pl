@@ -21,10 +21,12 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(time);
 use FindBin;
 use lib $FindBin::Bin;
 use DwarfTest;
 
+my $start = time;
 my $node = new_node('private_locks');
 
 $node->safe_psql('postgres', q{
@@ -110,6 +112,6 @@ is( $node->safe_psql('postgres',
 		q{SELECT string_agg(version::text, ',' ORDER BY version) FROM dwarf.graph WHERE name = 'g'}),
 	'1,2,3', 'the parallel defines took versions 2 and 3');
 
-check_no_crash($node);
-stop_node($node);
+check_no_crash($node, 'no crash');
+stop_node($node, $start);
 done_testing();
