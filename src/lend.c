@@ -25,8 +25,9 @@
  * worker (of whichever database) has it: each worker says which roles'
  * steps wait with it (DwarfLendWaits), and the others leave a free runner
  * to a role that holds fewer than theirs.  A role's fair share is
- * dwarf.max_runners over the number of roles with running or waiting slow
- * steps (at least 1).  When every runner is taken and a step of a role
+ * the runners (dwarf.max_runners, or as many as can start when the server's
+ * background worker slots are short: see MaxRunners) over the number of
+ * roles with running or waiting slow steps (at least 1).  When every runner is taken and a step of a role
  * below its share waits, the newest runner of a role above its share is
  * preempted: terminated, so its step's transaction rolls back (nothing of
  * it was committed), and its lender gives the step back to wait for a
@@ -52,13 +53,45 @@
 #include "limits.h"
 #include "worker.h"
 
-/* Runners may use at most this many background worker slots. */
+/* A failed start's word on how many runners can start counts this long. */
+#define DWARF_ROOM_FRESH_MS		10000
+
+/* Runners may use at most this many background worker slots, as set. */
 static int
-MaxRunners(void)
+RunnersSet(void)
 {
 	int			n = dwarf_max_runners >= 0 ? dwarf_max_runners : max_worker_processes / 2;
 
 	return Min(n, DWARF_MAX_RUNNERS);
+}
+
+/*
+ * Runners that may run at once: dwarf.max_runners (RunnersSet), or fewer
+ * when fewer could really start lately.  The server's background worker
+ * slots are shared with dwarf's own workers and launcher, the HTTP
+ * processes and everyone else's workers, and a share of runners no runner
+ * can fill would keep a role below its share waiting with nothing to
+ * preempt: "every runner is taken" means every runner that can start.  A
+ * runner that cannot be registered says how many there were (StartRunner,
+ * which tries again as long as steps wait, up to dwarf.max_runners); one
+ * that can, past that count, or DWARF_ROOM_FRESH_MS without a failure, lifts
+ * the bound again.
+ */
+static int
+MaxRunners(void)
+{
+	int			n = RunnersSet();
+	int			room = -1;
+
+	if (Dwarf->runner_room_at == 0)
+		return n;				/* no failure lately: the common case */
+	SpinLockAcquire(&Dwarf->mutex);
+	if (Dwarf->runner_room_at != 0 &&
+		!TimestampDifferenceExceeds(Dwarf->runner_room_at, GetCurrentTimestamp(),
+									DWARF_ROOM_FRESH_MS))
+		room = Dwarf->runner_room;
+	SpinLockRelease(&Dwarf->mutex);
+	return room >= 0 ? Min(n, room) : n;
 }
 
 /*
@@ -69,7 +102,7 @@ MaxRunners(void)
 bool
 LendingOn(void)
 {
-	return dwarf_long_step > 0 && MaxRunners() > 0;
+	return dwarf_long_step > 0 && RunnersSet() > 0;
 }
 
 /* Runner slots in use, by any worker of any database. */
@@ -410,6 +443,7 @@ PreemptForFairness(void)
 	DwarfRunnerSlot *victim = NULL;
 	Oid			over[DWARF_MAX_RUNNERS];	/* roles above their share */
 	int			nover = 0;
+	int			max;
 	int			share;
 	int			running;
 	int64		flow_id = 0;
@@ -419,10 +453,10 @@ PreemptForFairness(void)
 	int			i;
 
 	TakeLendView(&view);
-	if (view.preempting || view.used < MaxRunners() ||
+	if (view.preempting || view.used < (max = MaxRunners()) ||
 		(waiting = NextToLend(&view)) == NULL)
 		return;
-	share = Max(1, MaxRunners() / Max(1, view.nroles));
+	share = Max(1, max / Max(1, view.nroles));
 	if (RunningOf(&view, waiting->role) >= share)
 		return;
 	for (i = 0; i < view.nroles; i++)
@@ -467,8 +501,8 @@ PreemptForFairness(void)
 		return;					/* its runner is free already */
 	running = RunningOf(&view, role);
 	ereport(LOG,
-			(errmsg("dwarf: a runner's step of flow " INT64_FORMAT " of role %u is preempted: the role holds %d of dwarf.max_runners (%d), more than its share of %d, while a step of role %u waits",
-					flow_id, role, running, MaxRunners(), share, waiting->role),
+			(errmsg("dwarf: a runner's step of flow " INT64_FORMAT " of role %u is preempted: the role holds %d of the %d runners that can start (dwarf.max_runners is %d), more than its share of %d, while a step of role %u waits",
+					flow_id, role, running, max, RunnersSet(), share, waiting->role),
 			 errdetail("The step is rolled back and waits for a runner again; nothing of it is kept.")));
 	/* A runner not started yet stops as it starts: its lender sees it gone. */
 	if (pid > 0)
@@ -491,10 +525,11 @@ StartRunner(Lent *lent)
 	LendView	view;
 	bool		registered;
 	int			used = 0;
+	int			max = RunnersSet();	/* a start that fails says what MaxRunners says */
 	int			i;
 
 	TakeLendView(&view);
-	if (view.used >= MaxRunners() || FewerWait(&view, lent->role))
+	if (view.used >= max || FewerWait(&view, lent->role))
 		return false;
 	SpinLockAcquire(&Dwarf->mutex);
 	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
@@ -504,7 +539,7 @@ StartRunner(Lent *lent)
 		else if (slot == NULL)
 			slot = &Dwarf->runners[i];
 	}
-	if (slot == NULL || used >= MaxRunners())
+	if (slot == NULL || used >= max)
 	{
 		SpinLockRelease(&Dwarf->mutex);
 		return false;
@@ -533,11 +568,19 @@ StartRunner(Lent *lent)
 	old = MemoryContextSwitchTo(TopMemoryContext);	/* the handle lives on */
 	registered = RegisterDynamicBackgroundWorker(&worker, &lent->handle);
 	MemoryContextSwitchTo(old);
+	SpinLockAcquire(&Dwarf->mutex);
 	if (!registered)
 	{
-		SpinLockAcquire(&Dwarf->mutex);
+		/* No slot: the runners in use are all that can start now. */
 		slot->in_use = false;
-		SpinLockRelease(&Dwarf->mutex);
+		Dwarf->runner_room = used;
+		Dwarf->runner_room_at = GetCurrentTimestamp();
+	}
+	else if (Dwarf->runner_room_at != 0 && used + 1 > Dwarf->runner_room)
+		Dwarf->runner_room_at = 0;	/* more could start than we thought */
+	SpinLockRelease(&Dwarf->mutex);
+	if (!registered)
+	{
 		lent->handle = NULL;
 		return false;
 	}
@@ -556,7 +599,7 @@ RunnerWants(FlowRun *flow, Token *token)
 	GraphNode  *node = &flow->graph->nodes[token->node];
 	int			crashes = CrashesOf(flow->id, token->id);
 
-	return !Worker.is_runner && MaxRunners() > 0 && OidIsValid(node->fn) &&
+	return !Worker.is_runner && RunnersSet() > 0 && OidIsValid(node->fn) &&
 		crashes < dwarf_step_crashes && (crashes > 0 || TaskIsSlow(node));
 }
 
