@@ -24,15 +24,15 @@
  * goes to the waiting step of the role that holds the fewest, whichever
  * worker (of whichever database) has it: each worker says which roles'
  * steps wait with it (DwarfLendWaits), and the others leave a free runner
- * to a role that holds fewer than theirs.  A role's fair share is
- * the runners (dwarf.max_runners, or as many as can start when the server's
+ * to a role that holds fewer than theirs.  A role's fair share is the
+ * runners (dwarf.max_runners, or as many as can start when the server's
  * background worker slots are short: see MaxRunners) over the number of
- * roles with running or waiting slow steps (at least 1).  When every runner is taken and a step of a role
- * below its share waits, the newest runner of a role above its share is
- * preempted: terminated, so its step's transaction rolls back (nothing of
- * it was committed), and its lender gives the step back to wait for a
- * runner again, neither failed nor counted as an attempt nor taken for a
- * crash.  Only a role above its share loses a runner, and only to one
+ * roles with running or waiting slow steps (at least 1).  When every runner
+ * is taken and a step of a role below its share waits, the newest runner of
+ * a role above its share is preempted: terminated, so its step's
+ * transaction rolls back (nothing of it was committed), and its lender
+ * gives the step back to wait for a runner again, neither failed nor
+ * counted as an attempt nor taken for a crash.  Only a role above its share loses a runner, and only to one
  * below it, so no step is preempted back and forth; one preemption at a
  * time is in flight.
  */

@@ -13,9 +13,9 @@
  * the role's keys share its turns in proportion to their weights; then
  * first come, first served.  However many keys a role uses, they cost
  * another role nothing, and each costs O(log n) on its role's heap.
- * Steps due later (sleep, retry backoff) wait on a timer
- * heap, earliest first, and cost nothing until they come due.  (A flow that
- * sleeps for long is not in memory at all: sleepers.c.)  A step of an
+ * Steps due later (sleep, retry backoff) wait on a timer heap, earliest
+ * first, and cost nothing until they come due.  (A flow that sleeps for
+ * long is not in memory at all: sleepers.c.)  A step of an
  * external task is on neither: it is offered to claims in shared memory
  * (offers.c) as soon as it may run.
  */
