@@ -56,6 +56,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "flows.h"
 #include "limits.h"
 

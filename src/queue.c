@@ -27,6 +27,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "shmem.h"
 #include "flowrun.h"
 #include "limits.h"

@@ -43,6 +43,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "graph.h"
 #include "flowrun.h"
 #include "json.h"

@@ -59,6 +59,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "shmem.h"
 #include "flowrun.h"
 #include "flows.h"
