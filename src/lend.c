@@ -47,6 +47,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "shmem.h"
 #include "graph.h"
 #include "flowrun.h"
@@ -581,7 +582,18 @@ StartRunner(Lent *lent)
 	SpinLockRelease(&Dwarf->mutex);
 	if (!registered)
 	{
+		static LogRate no_slot;
+		int64		n;
+		int			seconds;
+
 		lent->handle = NULL;
+		if ((n = LogRateDue(&no_slot, GetCurrentTimestamp(), &seconds)) > 0)
+			ereport(LOG,
+					(errmsg("dwarf: a runner could not start: no background worker slot is free, with %d runners running of dwarf.max_runners (%d)%s",
+							used, max, LogRateCount(n, seconds)),
+					 errdetail("Runners are shared between roles as if %d were all there are, until more can start.", used),
+					 errhint("Raise max_worker_processes (now %d), or set dwarf.max_runners to what the server has room for.",
+							 max_worker_processes)));
 		return false;
 	}
 	lent->runner = slot - Dwarf->runners;

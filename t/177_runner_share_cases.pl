@@ -128,6 +128,9 @@ alice_rounds($node, 'default settings, mallory has nothing waiting', 3, 3);
 alice_rounds($node, 'default settings, a step of mallory waits too', 4, 3);
 like(slurp_file($node->logfile), qr/is preempted: the role holds 3 of the 3 runners that can start \(dwarf.max_runners is 4\)/,
 	'the log says mallory held every runner that can start, 3 of 4');
+my $no_slot = () = slurp_file($node->logfile) =~ /a runner could not start: no background worker slot is free/g;
+ok($no_slot >= 1 && $no_slot <= 2 * 3 * 4,
+	"the log says a runner could not start, at most once a worker every 10 s ($no_slot lines)");
 check_no_crash($node, 'no process crashed');
 stop_node($node, $start);
 done_testing();
