@@ -774,7 +774,26 @@ RunnerPoll(void)
 		PreemptForFairness();
 	if (freed)
 		WakeWaitingWorkers();
-	return waiting ? 100 : -1;
+	return waiting ? RunnerWaitMs() : -1;
+}
+
+/*
+ * Milliseconds until the worker should look again for a runner (100) when a
+ * step waits for one, or -1.  For the loop's sleep after a batch: a step
+ * the batch lent (RunnerLend) came after this loop's RunnerPoll, and
+ * nothing else need wake the worker for it: a worker that slept until a
+ * runner finished left a role below its share waiting out the steps of one
+ * above it, with no preemption.
+ */
+long
+RunnerWaitMs(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, Worker.lent)
+		if (((Lent *) lfirst(lc))->runner < 0)
+			return 100;
+	return -1;
 }
 
 /*

@@ -1545,6 +1545,8 @@ DwarfWorkerMain(Datum arg)
 			continue;
 		if (QueueHasReady())
 			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
+		if (runner_timer < 0)
+			runner_timer = RunnerWaitMs();	/* a step the batch lent may wait */
 		if (runner_timer >= 0)	/* steps wait for a runner */
 			next_timer = next_timer < 0 ? runner_timer : Min(next_timer, runner_timer);
 		if (OffersPending())	/* leases to sweep */
