@@ -16,6 +16,7 @@
 #include "catalog/pg_authid.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "funcapi.h"
@@ -110,15 +111,20 @@ dwarf_define(PG_FUNCTION_ARGS)
 	CheckLimitsUsable(graph);
 	normalized = GraphNormalized(graph, PG_GETARG_JSONB_P(1));
 
-	/* The lock on the name keeps two defines from taking one version number. */
+	/*
+	 * The lock on the owner's name keeps two defines from taking one version
+	 * number.  It is dwarf's own (dwarf.h), which no session can hold to
+	 * keep a role from defining.
+	 */
+	DwarfLockXact(DWARF_LOCK_GRAPH_NAME,
+				  DatumGetUInt32(hash_any((unsigned char *) VARDATA_ANY(name),
+										  VARSIZE_ANY_EXHDR(name))),
+				  GetUserId());
 	Connect();
 	saved = BecomeOwner();
 	args[0] = PointerGetDatum(name);
 	args[1] = JsonbPGetDatum(normalized);
 	args[2] = ObjectIdGetDatum(saved.user);
-	Exec("SELECT pg_catalog.pg_advisory_xact_lock('dwarf.graph'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,"
-		 " pg_catalog.hashtext($1))",
-		 1, types, args, NULL, SPI_OK_SELECT);
 	Exec("INSERT INTO dwarf.graph (name, version, definition, owner)"
 		 " SELECT $1, coalesce(max(version), 0) + 1, $2, $3::regrole"
 		 " FROM dwarf.graph WHERE name = $1 AND owner = $3::regrole RETURNING version",

@@ -354,3 +354,18 @@ dwarf_archive_done(PG_FUNCTION_ARGS)
 	EndArchiving(a);
 	PG_RETURN_INT64(written);
 }
+
+DWARF_FUNCTION(dwarf_lock_maintain);
+
+/*
+ * dwarf_internal.lock_maintain(): one dwarf.maintain pass at a time in a
+ * database; a second waits for the first's commit, then finds less to do.
+ * The lock is dwarf's own (dwarf.h): an advisory key that any role could
+ * hold would let an idle session keep every pass waiting.
+ */
+Datum
+dwarf_lock_maintain(PG_FUNCTION_ARGS)
+{
+	DwarfLockXact(DWARF_LOCK_MAINTAIN, 0, 0);
+	PG_RETURN_VOID();
+}

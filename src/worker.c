@@ -59,6 +59,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "shmem.h"
 #include "flowrun.h"
 #include "flows.h"
@@ -453,9 +454,14 @@ ReloadBatch(Batch *b)
 static void
 BatchRolledBack(Batch *b, ErrorData *edata)
 {
-	ereport(LOG,
-			(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
-					list_length(b->entries), edata->message)));
+	static LogRate rolled_back;
+	int64		n;
+	int			seconds;
+
+	if ((n = LogRateDue(&rolled_back, GetCurrentTimestamp(), &seconds)) > 0)
+		ereport(LOG,
+				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s%s",
+						list_length(b->entries), edata->message, LogRateCount(n, seconds))));
 	ReloadBatch(b);
 	IsolateNext = true;
 }
@@ -1597,6 +1603,8 @@ DwarfWorkerMain(Datum arg)
 			continue;
 		if (QueueHasReady())
 			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
+		if (runner_timer < 0)
+			runner_timer = RunnerWaitMs();	/* a step the batch lent may wait */
 		if (runner_timer >= 0)	/* steps wait for a runner */
 			next_timer = next_timer < 0 ? runner_timer : Min(next_timer, runner_timer);
 		if (OffersPending())	/* leases to sweep */

@@ -156,6 +156,7 @@ extern bool LendingOn(void);
 extern bool RunnerWants(FlowRun *flow, Token *token);
 extern bool RunnerLend(FlowRun *flow, Token *token);
 extern long RunnerPoll(void);
+extern long RunnerWaitMs(void);
 extern void RunnerAdopt(void);
 extern bool FlowIsLent(int64 flow_id);
 extern void NoteTaskTime(GraphNode *node, int64 us);
