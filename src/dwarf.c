@@ -377,7 +377,8 @@ _PG_init(void)
 
 	DefineCustomIntVariable("dwarf.external_memory",
 							"Shared memory the states of offered external steps may take.",
-							"A step whose state does not fit waits, and is offered once there is room.",
+							"It is shared by the roles that own offered steps, each at most memory / (other such roles + 2); "
+							"a step whose state does not fit waits, and is offered once there is room.",
 							&dwarf_external_memory,
 							65536, 64, INT_MAX / 2,
 							PGC_SIGHUP,

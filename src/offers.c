@@ -26,10 +26,12 @@
  * The tables are of fixed size, allocated at start from the settings
  * (dwarf.max_external_steps, four leases an offer, DWARF_MAX_QUEUES), so
  * that they never take the shared memory the lock table may need.  The
- * offers are shared by the roles that own some (RoleShare): one role's
- * backlog waits in its flows, and another role below its share always
- * finds room.  Nothing is offered and nothing withdrawn inside a
- * transaction: a batch that rolls back leaves them as its flows' rows say.
+ * offers, and the bytes of dwarf.external_memory their data takes, are
+ * shared by the roles that own some (RoleShare): one role's backlog, of
+ * many steps or of large inputs, waits in its flows, and another role
+ * below its share always finds room.  Nothing is offered and nothing
+ * withdrawn inside a transaction: a batch that rolls back leaves them as
+ * its flows' rows say.
  * A queue goes when nothing uses it, and a dropped database's offers,
  * leases and queues with it (OffersForgetDatabase).
  *
@@ -130,13 +132,15 @@ typedef struct Offer
 } Offer;
 
 /*
- * A role's offers: the pool of dwarf.max_external_steps is shared by the
- * roles that own offered steps (RoleShare).
+ * A role's offers: the pool of dwarf.max_external_steps, and the bytes of
+ * dwarf.external_memory their inputs, baggage, calls and limits take, are
+ * shared by the roles that own offered steps (RoleShare).
  */
 typedef struct OfferRole
 {
 	Oid			role;
 	int			offers;
+	Size		bytes;			/* of its offers in the area */
 } OfferRole;
 
 /* A lease, held or ended. */
@@ -317,27 +321,38 @@ DropQueueIfUnused(OfferQueue *queue)
 }
 
 /*
- * May a step of role be offered, by its share of dwarf.max_external_steps?
- * A role holds at most max / (other roles with offers + 2): with n roles
- * at their share, max / (n + 1) stays free, more than a newcomer's share
+ * May a step of role, whose data takes len bytes, be offered, by its share
+ * of dwarf.max_external_steps and of dwarf.external_memory?  A role holds
+ * at most max / (other roles with offers + 2) of each: with n roles at
+ * their share, max / (n + 1) stays free, more than a newcomer's share
  * (max / (n + 2)), so that a role below its share always finds room for
- * its next offer whatever the others hold.  A role's backlog past its
- * share waits in its flows (durable in the tables) and is offered as its
- * offers end.  Under the lock.
+ * its next offer whatever the others hold (of memory: for an offer that
+ * fits in what its share leaves it).  Every role with offers has bytes
+ * (an input is never empty), so the same roles divide both.  A role's
+ * backlog past its share waits in its flows (durable in the tables) and
+ * is offered as its offers end.  Under the lock; O(1).
  */
-static bool
-RoleShare(Oid role)
+static OfferRefusal
+RoleShare(Oid role, Size len)
 {
 	OfferRole  *entry = hash_search(RoleTable, &role, HASH_FIND, NULL);
 	int			mine = entry ? entry->offers : 0;
+	Size		my_bytes = entry ? entry->bytes : 0;
 	int			others = Offers->nroles - (entry ? 1 : 0);
 
-	return mine < Max(dwarf_max_external_steps / (others + 2), 1);
+	if (mine >= Max(dwarf_max_external_steps / (others + 2), 1))
+		return OFFER_PAST_SHARE;
+	if (my_bytes + len > (Size) dwarf_external_memory * 1024 / (others + 2))
+		return OFFER_PAST_MEMORY_SHARE;
+	return OFFERED;
 }
 
-/* Counts an offer of role (+1) or one that ended (-1); under the lock. */
+/*
+ * Counts an offer of role (+1) or one that ended (-1), whose data takes
+ * bytes in the area; under the lock.
+ */
 static bool
-CountRole(Oid role, int delta)
+CountRole(Oid role, int delta, Size bytes)
 {
 	bool		found;
 	OfferRole  *entry = hash_search(RoleTable, &role,
@@ -348,9 +363,14 @@ CountRole(Oid role, int delta)
 	if (delta > 0 && !found)
 	{
 		entry->offers = 0;
+		entry->bytes = 0;
 		Offers->nroles++;
 	}
 	entry->offers += delta;
+	if (delta > 0)
+		entry->bytes += bytes;
+	else
+		entry->bytes -= Min(bytes, entry->bytes);
 	if (entry->offers <= 0)
 	{
 		hash_search(RoleTable, &role, HASH_REMOVE, NULL);
@@ -412,6 +432,15 @@ EndLease(Offer *offer, LeaseEnd why)
 	offer->lease = 0;
 }
 
+/* The bytes an offer's data takes in the shared area (0: freed). */
+static Size
+OfferBytes(Offer *offer)
+{
+	if (!DsaPointerIsValid(offer->data))
+		return 0;
+	return offer->input_len + offer->baggage_len + offer->call_len + offer->limits_len;
+}
+
 /* Frees what an offer keeps in the shared area. */
 static void
 FreeData(Offer *offer)
@@ -419,7 +448,7 @@ FreeData(Offer *offer)
 	if (DsaPointerIsValid(offer->data))
 	{
 		dsa_free(OfferArea(), offer->data);
-		Offers->bytes -= offer->input_len + offer->baggage_len + offer->call_len + offer->limits_len;
+		Offers->bytes -= OfferBytes(offer);
 		offer->data = InvalidDsaPointer;
 	}
 }
@@ -446,8 +475,8 @@ RemoveOffer(Offer *offer, LeaseEnd why)
 		Offers->nanswered--;
 	}
 	EndLease(offer, why);
+	CountRole(offer->owner, -1, OfferBytes(offer));
 	FreeData(offer);
-	CountRole(offer->owner, -1);
 	offer->queue->noffers--;
 	DropQueueIfUnused(offer->queue);
 	hash_search(OfferTable, &offer->key, HASH_REMOVE, NULL);
@@ -459,8 +488,9 @@ RemoveOffer(Offer *offer, LeaseEnd why)
  * and a lease taken meanwhile must hold.  An offer of an earlier visit or
  * attempt of the branch is replaced.  Returns OFFERED, or why the step
  * cannot be offered now: its owner holds its share of
- * dwarf.max_external_steps (RoleShare), the table is full, the inputs fill
- * dwarf.external_memory, or there are too many queues.
+ * dwarf.max_external_steps or of dwarf.external_memory (RoleShare), the
+ * table is full, the inputs fill dwarf.external_memory, or there are too
+ * many queues.
  */
 OfferRefusal
 OfferPublish(const OfferSpec *spec)
@@ -475,6 +505,7 @@ OfferPublish(const OfferSpec *spec)
 	OfferQueue *queue;
 	bool		found;
 	dsa_pointer data;
+	OfferRefusal why;
 
 	/*
 	 * The rule this file keeps: a step is offered only once the commit that
@@ -495,10 +526,11 @@ OfferPublish(const OfferSpec *spec)
 	}
 	if (offer)
 		RemoveOffer(offer, offer->state == OFFER_ANSWERING ? LEASE_ANSWERED : LEASE_EXPIRED);
-	if (!RoleShare(spec->owner))
+	why = RoleShare(spec->owner, len);
+	if (why != OFFERED)
 	{
 		LWLockRelease(Offers->lock);
-		return OFFER_PAST_SHARE;
+		return why;
 	}
 	queue = FindQueue(spec->queue, true);
 	if (queue == NULL)
@@ -520,7 +552,7 @@ OfferPublish(const OfferSpec *spec)
 		return OFFER_NO_MEMORY;
 	}
 	offer = hash_search(OfferTable, &spec->key, HASH_ENTER_NULL, &found);
-	if (offer == NULL || !CountRole(spec->owner, 1))
+	if (offer == NULL || !CountRole(spec->owner, 1, len))
 	{
 		if (offer)
 			hash_search(OfferTable, &spec->key, HASH_REMOVE, NULL);

@@ -133,6 +133,7 @@ typedef enum OfferRefusal
 {
 	OFFERED = 0,
 	OFFER_PAST_SHARE,			/* its owner holds its share of the pool */
+	OFFER_PAST_MEMORY_SHARE,	/* ... its share of dwarf.external_memory */
 	OFFER_FULL,					/* dwarf.max_external_steps steps are offered */
 	OFFER_NO_MEMORY,			/* the inputs fill dwarf.external_memory */
 	OFFER_NO_QUEUE				/* too many queues */

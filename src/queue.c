@@ -232,6 +232,9 @@ SayNoRoom(OfferRefusal why, const char *task, FlowRun *flow)
 		case OFFER_PAST_SHARE:
 			hint = "The role holds its share of dwarf.max_external_steps (the offers are shared by the roles that have some); its other steps are offered as its offered steps are answered.";
 			break;
+		case OFFER_PAST_MEMORY_SHARE:
+			hint = "The role's offered steps hold its share of dwarf.external_memory (it is shared by the roles that have offered steps); its other steps are offered as its offered steps are answered.";
+			break;
 		case OFFER_NO_MEMORY:
 			hint = "The states of the offered steps fill dwarf.external_memory.";
 			break;
