@@ -35,27 +35,11 @@ use DwarfTest;
 
 my $t0 = time;
 
-# Starts a test HTTP server; its base URL and its handle.
-sub start_server
-{
-	my ($name) = @_;
-	my $portfile = PostgreSQL::Test::Utils::tempdir() . "/$name.port";
-	my $h = IPC::Run::start([ 'python3', "$FindBin::Bin/../test/http_server.py", $portfile ]);
-	my $waited = 0;
-	select(undef, undef, undef, 0.1) while !-s $portfile && $waited++ < 300;
-	return ("http://127.0.0.1:" . slurp_file($portfile), $h);
-}
-my ($shared, $server_a) = start_server('shared');
-my ($own,    $server_b) = start_server('own');
+my ($shared, $server_a) = start_http_server('shared');
+my ($own,    $server_b) = start_http_server('own');
 my $web = HTTP::Tiny->new(timeout => 30, proxy => undef, http_proxy => undef);
 
-sub stats
-{
-	my ($base) = @_;
-	my $r = $web->get("$base/stats");
-	die "stats: $r->{status}" unless $r->{success};
-	return decode_json($r->{content});
-}
+sub stats { return http_stats($_[0]) }
 
 # Polls a server's stats until $cond->($stats) holds (up to $secs); the
 # stats then, and the seconds it took.
