@@ -36,7 +36,8 @@ OBJS = \
 	src/external.o \
 	src/http.o \
 	src/url.o \
-	src/stats.o
+	src/stats.o \
+	src/compat.o
 
 # HTTP tasks' calls (src/http.c): Debian's libcurl4-openssl-dev to build, libcurl4 to run.
 # HTTP tasks' process loads libcurl itself (http.c, LoadCurl): linked here,
@@ -74,4 +75,4 @@ prove_installcheck:
 	$(prove_installcheck)
 
 # Every source file includes the shared header: rebuild them all when it changes.
-$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h src/rows.h src/limits.h src/stats.h src/partitions.h
+$(OBJS): src/dwarf.h src/shmem.h src/graph.h src/flowrun.h src/worker.h src/flows.h src/json.h src/request.h src/rows.h src/limits.h src/stats.h src/partitions.h src/compat.h

@@ -299,7 +299,7 @@ if ((${#TAP_FILES[@]} > 0)); then
 		tap_cmd=(make installcheck PG_CONFIG="$PG_CONFIG" REGRESS= TAP_TESTS=1)
 	fi
 	rc=0
-	bounded "$LOGS/tap.log" 1800 "${AS_PG[@]}" "$SRC" "${tap_cmd[@]}" || rc=$?
+	bounded "$LOGS/tap.log" 2400 "${AS_PG[@]}" "$SRC" "${tap_cmd[@]}" || rc=$?
 	tap_tally "$LOGS/tap.log" "${TAP_FILES[@]}"
 	note=""
 	if ((rc != 0 && TALLY_BAD == 0)); then

@@ -1345,6 +1345,14 @@ COMMENT ON AGGREGATE dwarf_internal.archive(dwarf.flow) IS
 	'For dwarf.maintain: writes the flow rows it moves into dwarf.flow_archive''s day partitions '
 	'as they come, a heap page to a WAL record; returns how many';
 
+CREATE FUNCTION dwarf_internal.lock_maintain() RETURNS void
+	LANGUAGE C VOLATILE STRICT
+	AS 'MODULE_PATHNAME', 'dwarf_lock_maintain';
+REVOKE ALL ON FUNCTION dwarf_internal.lock_maintain() FROM PUBLIC;
+COMMENT ON FUNCTION dwarf_internal.lock_maintain() IS
+	'For dwarf.maintain: one pass at a time in a database, under a lock of dwarf''s own (an advisory lock '
+	'tag that pg_advisory_lock cannot make, so no other session can hold it to keep passes waiting)';
+
 /*
  * A pass of dwarf.maintain as if the time were now: what dwarf.maintain()
  * runs with now(), and what tests run with a later time, to see days expire
@@ -1430,7 +1438,7 @@ BEGIN
 				  HINT = 'Run it on the primary; the standby follows.';
 	END IF;
 	/* One pass at a time: a second caller waits, then finds less to do. */
-	PERFORM pg_advisory_xact_lock(1685551730, 1);	/* 'dwar', 1 */
+	PERFORM dwarf_internal.lock_maintain();
 
 	/*
 	 * The pass holds the rows it moves while it waits for the locks of

@@ -342,11 +342,15 @@ SELECT r -> 'days_indexed' = jsonb_build_array(:'day') AS would_index,
 SELECT pg_current_wal_lsn() AS lsn1 \gset
 SELECT r -> 'days_indexed' = jsonb_build_array(:'day') AS indexed_that_day
   FROM dwarf_internal.maintain_at(now() + interval '2 hours') r;
+-- (not_today: the day the pass's cutoff falls in, which no pass indexes;
+-- today, but for the last hour of a UTC day, when it is tomorrow)
 SELECT pg_get_indexdef((:'part' || '_id_btree')::regclass) ~ 'USING btree \(id\)$' AS btree_by_id,
 	   rt.plan_of(format('SELECT * FROM %s WHERE id = 800000002000', :'part'), 'Index Scan using '
 				  || (SELECT relname FROM pg_class WHERE oid = (:'part' || '_id_btree')::regclass)) AS by_id_through_it,
 	   (SELECT count(*) FROM dwarf.flow_archive WHERE id = 800000002000) AS found,
-	   to_regclass(format('dwarf.flow_archive_%s_id_btree', to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'))) IS NULL
+	   to_regclass(format('dwarf.flow_archive_%s_id_btree',
+						  to_char((now() + interval '2 hours' - current_setting('dwarf.archive_after')::interval)
+								  AT TIME ZONE 'UTC', 'YYYYMMDD'))) IS NULL
 		 AS not_today;
 SELECT count(*) > 0 AS index_page_images,
 	   count(*) FILTER (WHERE block_ref !~ 'method: (lz4|pglz)') AS not_compressed

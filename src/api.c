@@ -16,6 +16,7 @@
 #include "catalog/pg_authid.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "funcapi.h"
@@ -110,15 +111,20 @@ dwarf_define(PG_FUNCTION_ARGS)
 	CheckLimitsUsable(graph);
 	normalized = GraphNormalized(graph, PG_GETARG_JSONB_P(1));
 
-	/* The lock on the name keeps two defines from taking one version number. */
+	/*
+	 * The lock on the owner's name keeps two defines from taking one version
+	 * number.  It is dwarf's own (dwarf.h), which no session can hold to
+	 * keep a role from defining.
+	 */
+	DwarfLockXact(DWARF_LOCK_GRAPH_NAME,
+				  DatumGetUInt32(hash_any((unsigned char *) VARDATA_ANY(name),
+										  VARSIZE_ANY_EXHDR(name))),
+				  GetUserId());
 	Connect();
 	saved = BecomeOwner();
 	args[0] = PointerGetDatum(name);
 	args[1] = JsonbPGetDatum(normalized);
 	args[2] = ObjectIdGetDatum(saved.user);
-	Exec("SELECT pg_catalog.pg_advisory_xact_lock('dwarf.graph'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4,"
-		 " pg_catalog.hashtext($1))",
-		 1, types, args, NULL, SPI_OK_SELECT);
 	Exec("INSERT INTO dwarf.graph (name, version, definition, owner)"
 		 " SELECT $1, coalesce(max(version), 0) + 1, $2, $3::regrole"
 		 " FROM dwarf.graph WHERE name = $1 AND owner = $3::regrole RETURNING version",
@@ -498,7 +504,7 @@ static int
 AwaitFlows(Awaited *aws, int n, bool any, int64 timeout_ms, Datum **values, bool **nulls)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
-	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[MyProc->pgprocno] : NULL;
+	pg_atomic_uint64 *waiting = Dwarf ? &Dwarf->waiting[GetNumberFromPGProc(MyProc)] : NULL;
 	bool	   *done = palloc0(sizeof(bool) * n);
 	volatile int watched = 0;
 	volatile bool first = true;
@@ -762,6 +768,7 @@ dwarf_run(PG_FUNCTION_ARGS)
 	TimestampTz deadline;
 	RunOutcome	outcome;
 	Awaited		aw = {.waiter = "dwarf.run", .existed = true};
+	int			pinned;
 
 	CheckNotStandby("dwarf.run");
 	CheckNotNull(fcinfo, 0, "graph");
@@ -777,7 +784,14 @@ dwarf_run(PG_FUNCTION_ARGS)
 				 errhint("Use dwarf.subgraph() to run a flow and wait for it without holding a worker, or dwarf.create() to start one.")));
 	timeout_ms = IntervalMicros(PG_GETARG_INTERVAL_P(2), "timeout") / 1000;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
-	PinSearchPathForCall();		/* dwarf.run has no SET search_path */
+	/*
+	 * dwarf.run is declared without SET search_path (the hot path: a SET
+	 * clause costs a GUC level, and a walk over every setting when the call
+	 * ends); its statements run under "pg_catalog, pg_temp" all the same,
+	 * pinned here, so the kept statements, planned under either, are not
+	 * planned again.  An error unpins it with the transaction.
+	 */
+	pinned = CompatPinSearchPath();
 	aw.flow_id = CreateThroughWorker(PG_GETARG_TEXT_PP(0), PG_GETARG_JSONB_P(1),
 									 PG_GETARG_INT32(3),
 									 KeyArg(fcinfo, 4, "idempotency_key"),
@@ -798,6 +812,6 @@ dwarf_run(PG_FUNCTION_ARGS)
 	else
 		AwaitFlow(&aw, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline),
 				  values, nulls);
-	PopOverrideSearchPath();
+	CompatUnpinSearchPath(pinned);
 	PG_RETURN_DATUM(OutcomeDatum(fcinfo, values, nulls));
 }

@@ -249,8 +249,8 @@ AddRow(Archiving *a, HeapTupleHeader row)
 	old = MemoryContextSwitchTo(a->context);
 	rri = ExecFindPartition(a->mtstate, a->root, a->proute, a->slot, a->estate);
 	MemoryContextSwitchTo(old);
-	if (rri->ri_RootToPartitionMap)
-		to = execute_attr_map_slot(rri->ri_RootToPartitionMap->attrMap, a->slot,
+	if (ExecGetRootToChildMap(rri, a->estate))
+		to = execute_attr_map_slot(ExecGetRootToChildMap(rri, a->estate)->attrMap, a->slot,
 								   rri->ri_PartitionTupleSlot);
 	if (rri->ri_RelationDesc->rd_att->constr)
 		ExecConstraints(rri, to, a->estate);
@@ -282,7 +282,7 @@ WriteRows(Archiving *a)
 		{
 			if (batch->rri->ri_NumIndices > 0)
 				list_free(ExecInsertIndexTuples(batch->rri, batch->slots[i], a->estate,
-												false, false, NULL, NIL));
+												false, false, NULL, NIL, false));
 			ResetPerTupleExprContext(a->estate);
 			ExecClearTuple(batch->slots[i]);
 		}
@@ -353,4 +353,19 @@ dwarf_archive_done(PG_FUNCTION_ARGS)
 	written = a->written;
 	EndArchiving(a);
 	PG_RETURN_INT64(written);
+}
+
+DWARF_FUNCTION(dwarf_lock_maintain);
+
+/*
+ * dwarf_internal.lock_maintain(): one dwarf.maintain pass at a time in a
+ * database; a second waits for the first's commit, then finds less to do.
+ * The lock is dwarf's own (dwarf.h): an advisory key that any role could
+ * hold would let an idle session keep every pass waiting.
+ */
+Datum
+dwarf_lock_maintain(PG_FUNCTION_ARGS)
+{
+	DwarfLockXact(DWARF_LOCK_MAINTAIN, 0, 0);
+	PG_RETURN_VOID();
 }

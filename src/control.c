@@ -78,7 +78,7 @@ IncarnationTag(void)
 	static char tag[64];		/* "" for none */
 
 	/* Read once a transaction: a batch's steps share what it read. */
-	if (read_in != MyProc->lxid)
+	if (read_in != ProcLocalXid(MyProc))
 	{
 		tag[0] = '\0';
 		SPI_connect();
@@ -88,7 +88,7 @@ IncarnationTag(void)
 			strlcpy(tag, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1),
 					sizeof(tag));
 		SPI_finish();
-		read_in = MyProc->lxid;
+		read_in = ProcLocalXid(MyProc);
 	}
 	return tag[0] ? tag : NULL;
 }

@@ -140,7 +140,7 @@ StopWorkersForDrop(void)
 	 * Only for a role that may drop it: anyone else's DROP fails on its
 	 * privileges as usual, and must not stop the workers on the way.
 	 */
-	if (!OidIsValid(extension) || !pg_extension_ownercheck(extension, GetUserId()))
+	if (!OidIsValid(extension) || !object_ownercheck(ExtensionRelationId, extension, GetUserId()))
 		return;
 	LockDatabaseObject(ExtensionRelationId, extension, 0, AccessExclusiveLock);
 	n = StopDatabaseWorkers(MyDatabaseId, pids);
@@ -377,7 +377,8 @@ _PG_init(void)
 
 	DefineCustomIntVariable("dwarf.external_memory",
 							"Shared memory the states of offered external steps may take.",
-							"A step whose state does not fit waits, and is offered once there is room.",
+							"It is shared by the roles that own offered steps, each at most memory / (other such roles + 2); "
+							"a step whose state does not fit waits, and is offered once there is room.",
 							&dwarf_external_memory,
 							65536, 64, INT_MAX / 2,
 							PGC_SIGHUP,
@@ -412,7 +413,7 @@ _PG_init(void)
 
 	DefineCustomIntVariable("dwarf.http_max_in_flight",
 							"HTTP calls one database's HTTP process makes at once.",
-							"Steps past it wait, offered, until a call ends.",
+							"Each role may hold its share of them; its steps past that wait, offered, until one of its calls ends.",
 							&dwarf_http_max_in_flight,
 							10000, 1, 1000000,
 							PGC_SIGHUP,
@@ -421,11 +422,20 @@ _PG_init(void)
 
 	DefineCustomIntVariable("dwarf.http_max_host_connections",
 							"Connections one database's HTTP process opens to one host at once.",
-							"Calls past it wait for a connection, their timeout running.",
+							"Each role may hold its share of them; its calls past that wait for a connection, their lease kept and their timeout not running.",
 							&dwarf_http_max_host_connections,
 							1000, 1, 1000000,
 							PGC_SIGHUP,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("dwarf.http_max_response_memory",
+							"Memory the answers of one database's HTTP calls may take, all together.",
+							"Each call in flight holds dwarf.http_max_response of it, from its start: the calls at once are at most this over that (and at least one), shared between roles.",
+							&dwarf_http_max_response_memory,
+							2 * 1024 * 1024, 1024, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("dwarf.stats_entries",

@@ -12,7 +12,11 @@
 #include "postgres.h"
 
 #include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
 #include "utils/timestamp.h"
+
+#include "compat.h"
 
 /*
  * dwarf.so is built with -fvisibility=hidden, so that none of its own
@@ -54,6 +58,7 @@ extern char *dwarf_http_allow;	/* URL prefixes HTTP tasks may call */
 extern int	dwarf_http_max_response;	/* kB of an HTTP answer's body */
 extern int	dwarf_http_max_in_flight;	/* HTTP calls at once, per database */
 extern int	dwarf_http_max_host_connections;	/* ... connections per host */
+extern int	dwarf_http_max_response_memory;	/* kB all answers in flight may take */
 extern int	dwarf_stats_entries;	/* graphs' and tasks' statistics kept (stats.c) */
 
 /*
@@ -108,6 +113,30 @@ extern DWARF_EXPORT void DwarfWorkerMain(Datum arg);
 extern DWARF_EXPORT void DwarfRunnerMain(Datum arg);
 extern void DwarfRegisterLauncher(void);
 extern int	StopDatabaseWorkers(Oid dboid, pid_t *pids);
+
+/*
+ * dwarf's own heavyweight locks, which no role can take or hold: advisory
+ * lock tags (in the current database) whose fourth field is one of these
+ * classes.  pg_advisory_lock and its kin only ever make 1 (one bigint key)
+ * and 2 (two int4 keys), so an idle session of any role holding whatever
+ * advisory keys it likes cannot block dwarf.define or dwarf.maintain.
+ */
+#define DWARF_LOCK_MAINTAIN		0x6401	/* one maintain pass at a time */
+#define DWARF_LOCK_GRAPH_NAME	0x6402	/* a graph name's next version: (hash, owner) */
+
+/*
+ * DwarfLockXact: takes dwarf's own lock (class, key1, key2) in exclusive
+ * mode until the transaction ends, waiting for it as for any lock (so
+ * statement_timeout, lock_timeout and cancels apply).
+ */
+static inline void
+DwarfLockXact(uint16 class, uint32 key1, uint32 key2)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, key1, key2, class);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
 
 /* dwarf's own nextval was called: lastval() must not show it to a task (session.c) */
 extern bool DwarfNextvalUsed;

@@ -21,7 +21,9 @@
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/inval.h"
 #include "utils/jsonb.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
@@ -59,10 +61,24 @@ AddRole(Oid **roles, int *n, Oid role)
 }
 
 /*
+ * A role membership or a role changed (GRANT, REVOKE, ALTER ROLE, DROP
+ * ROLE): what CheckOwners found is forgotten, so that the next claim, or
+ * the next round of a claim's wait, asks again.  A syscache callback on
+ * pg_auth_members and pg_authid, called as invalidations are read.
+ */
+static void
+ForgetClaimRoles(Datum arg, int cacheid, uint32 hashvalue)
+{
+	Roles.nallowed = Roles.ndenied = 0;
+}
+
+/*
  * Sorts the owners a claim met into those whose privileges the user has
  * and those it has not.  Returns whether any was allowed.  What was found
- * is kept for the backend's next claims, until the user changes (a GRANT
- * or REVOKE of a role membership is seen by a new connection).
+ * is kept for the backend's next claims, until the user changes or a role
+ * membership or role changes (ForgetClaimRoles): a REVOKE committed in
+ * another session holds from the next claim on, and in a claim that
+ * waits, from its next round.
  */
 static bool
 CheckOwners(Oid user, Oid *seen, int nseen)
@@ -240,6 +256,14 @@ dwarf_claim(PG_FUNCTION_ARGS)
 	until = GetCurrentTimestamp() + wait_us;
 	if (Roles.user != user)
 	{
+		static bool registered = false;
+
+		if (!registered)
+		{
+			CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, ForgetClaimRoles, (Datum) 0);
+			CacheRegisterSyscacheCallback(AUTHOID, ForgetClaimRoles, (Datum) 0);
+			registered = true;
+		}
 		Roles.user = user;
 		Roles.nallowed = Roles.ndenied = 0;
 	}
@@ -273,6 +297,7 @@ dwarf_claim(PG_FUNCTION_ARGS)
 		if (!OffersWait(queue, limit_retry_at > 0 ? Min(until, limit_retry_at) : until) &&
 			GetCurrentTimestamp() >= until)
 			break;
+		AcceptInvalidationMessages();	/* a REVOKE meanwhile: ForgetClaimRoles */
 	}
 	OffersCancelWait();
 

@@ -15,6 +15,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "access/genam.h"
+#include "common/int.h"
 #include "access/htup_details.h"
 #include "access/stratnum.h"
 #include "access/table.h"
@@ -221,28 +222,6 @@ RestoreUser(SavedUser saved)
 {
 	AtEOXact_GUC(true, saved.nest);
 	SetUserIdAndSecContext(saved.user, saved.sec);
-}
-
-/*
- * Pins the search_path for the statements of a function declared without
- * SET search_path (dwarf.run, the hot path: a SET clause costs a GUC level,
- * and a walk over every setting when the call ends).  It is what "SET
- * search_path = pg_catalog, pg_temp" gives, so the kept statements, planned
- * under either, are not planned again.  PopOverrideSearchPath unpins it;
- * an error unpins it with the transaction.
- */
-void
-PinSearchPathForCall(void)
-{
-	OverrideSearchPath path = {0};
-	Oid			temp;
-	Oid			temp_toast;
-
-	path.schemas = list_make1_oid(PG_CATALOG_NAMESPACE);
-	GetTempNamespaceState(&temp, &temp_toast);
-	if (OidIsValid(temp))
-		path.schemas = lappend_oid(path.schemas, temp);
-	PushOverrideSearchPath(&path);
 }
 
 /* Runs one statement through SPI and checks that it did what was meant. */

@@ -39,7 +39,6 @@ extern void RestoreUser(SavedUser saved);
 
 /* ---------- statements ---------- */
 
-extern void PinSearchPathForCall(void);
 extern void Connect(void);
 extern void Exec(const char *sql, int nargs, Oid *types, Datum *args, const char *nulls,
 				 int expect);
@@ -51,7 +50,7 @@ extern void ExecKept(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, D
 /* ---------- graphs and flows ---------- */
 
 extern int64 NewFlowId(void);
-extern void FlowNotFound(int64 flow_id) pg_attribute_noreturn();
+extern pg_noreturn void FlowNotFound(int64 flow_id);
 extern int64 InsertFlow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,
 						text *key, Jsonb *input, Jsonb *options, bool *is_new);
 extern int64 InsertFlowRow(int64 flow_id, int32 graph_id, Oid owner, int32 priority,

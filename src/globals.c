@@ -35,6 +35,7 @@ char	   *dwarf_http_allow = NULL;
 int			dwarf_http_max_response = 1024;	/* kB */
 int			dwarf_http_max_in_flight = 10000;
 int			dwarf_http_max_host_connections = 1000;
+int			dwarf_http_max_response_memory = 2 * 1024 * 1024;	/* kB */
 int			dwarf_stats_entries = 4096;
 
 /*

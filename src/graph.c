@@ -131,7 +131,7 @@ ResolveNode(Graph *graph, const char *name, const char *edge)
 static Oid
 ResolveFunction(const char *task, const char *fn_name, bool strict)
 {
-	List	   *names = stringToQualifiedNameList(fn_name);
+	List	   *names = stringToQualifiedNameList(fn_name, NULL);
 	Oid			argtypes[1] = {JSONBOID};
 	Oid			fn = LookupFuncName(names, 1, argtypes, true);
 	HeapTuple	tup;

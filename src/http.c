@@ -25,10 +25,21 @@
  * called again, with the same Idempotency-Key (the step key): a call is
  * made at least once.
  *
- * A call ends before its lease does: curl's timeout ends it, or, for a
- * call that waited in curl's queue for a connection (curl does not time
- * those out while they wait), its deadline, half the lease's margin before
- * the lease ends (EndLateCalls).  A lease that ends under a call anyway
+ * Roles share the calls fairly.  Steps are claimed role by role, each
+ * role up to its share of the calls at once (RoleShare: the calls over the
+ * roles holding some, plus one, so that a role holding none always finds
+ * room), so one role's backlog waits offered, in its own line; the calls
+ * at once are bounded by dwarf.http_max_in_flight and by
+ * dwarf.http_max_response_memory, each call holding dwarf.http_max_response
+ * of it from its start (SlotLimit).  Each host's connections are shared
+ * the same way (MayConnect), counted here: a call past its role's share of
+ * its host waits here, claimed, its lease kept and its timeout not running
+ * (StartWaitingCalls), never in curl's queue (CURLMOPT_MAX_HOST_CONNECTIONS
+ * is only a backstop).
+ *
+ * A call ends before its lease does: curl's timeout ends it, or its
+ * deadline, half the lease's margin before the lease ends, should curl
+ * not (EndLateCalls).  A lease that ends under a call anyway
  * (its flow was cancelled or closed, or it ran out) wakes this process,
  * which closes the call at once (DropEndedCalls), and before it starts any
  * call it has just claimed: one step's attempts are never open at once.
@@ -156,6 +167,9 @@ LoadCurl(void)
 /* Most answers one transaction writes. */
 #define ANSWER_BATCH	1000
 
+/* The longest host key (scheme://host:port) told apart; longer ones are cut. */
+#define HOST_KEY		280
+
 /* One call: claimed, in flight, then done with its answer. */
 typedef struct HttpCall
 {
@@ -163,6 +177,7 @@ typedef struct HttpCall
 	MemoryContext cxt;			/* everything below */
 	int64		lease;
 	int64		flow_id;
+	Oid			owner;			/* the flow's owner: whose share it takes */
 	char		task[NAMEDATALEN];
 	const char *method;
 	const char *url;
@@ -170,7 +185,12 @@ typedef struct HttpCall
 	TimestampTz deadline;		/* when it is closed as timed out, whatever
 								 * curl says: before its lease ends */
 	pairingheap_node in_deadlines;	/* on Deadlines, while in flight */
-	CURL	   *easy;
+	CURL	   *easy;			/* while its transfer is curl's */
+	char		host[HOST_KEY]; /* scheme://host[:port] */
+	bool		listed;			/* on InFlight and Deadlines */
+	bool		connected;		/* holds a connection to host */
+	bool		waiting;		/* on its HostRole's waiting */
+	dlist_node	wait_node;
 	struct curl_slist *headers;
 	char	   *body;			/* the request's, or NULL */
 	StringInfoData response;	/* the answer's body, so far */
@@ -205,6 +225,66 @@ static int	NumInFlight = 0;
 static int	NumDone = 0;
 static MemoryContext CallsContext = NULL;
 static DwarfWorkerSlot *Slot = NULL;
+
+/*
+ * Fair shares of the calls at once (ClaimAndStart).  RoleCalls counts the
+ * calls each role (a flow's owner) holds, from claim to answer written;
+ * ReadyRoles are the roles last seen with steps ready on DWARF_HTTP_QUEUE.
+ */
+typedef struct RoleCallsEntry
+{
+	Oid			owner;			/* the key */
+	int			calls;
+} RoleCallsEntry;
+
+/* How often, at most, the whole queue is read for the roles with steps ready. */
+#define LOOK_MS			100
+
+/* How often, at most, that steps wait for their share is logged. */
+#define LOG_EVERY_MS	(10 * 1000)
+
+static HTAB *RoleCalls = NULL;
+static Oid *ReadyRoles = NULL;
+static int	NumReady = 0;
+static int	ReadySize = 0;
+static int	NextTurn = 0;		/* where the next round of claims starts */
+static TimestampTz LookDue = 0; /* the next read of the whole queue; 0: now */
+static TimestampTz LookWake = 0;	/* when to wake for it; 0: no need */
+
+static void RoleAdd(Oid owner, int n);
+
+/*
+ * Fair shares of the connections to a host (Admit): dwarf's own count of
+ * the transfers each role has at each host, so that curl's queue for a
+ * connection (CURLMOPT_MAX_HOST_CONNECTIONS, kept as a backstop) is never
+ * where a call waits.  A call whose role holds its share of a host waits
+ * here, on its HostRole's list, its lease kept (EndLateCalls) and its
+ * timeout not running.
+ */
+typedef struct HostEntry
+{
+	char		host[HOST_KEY]; /* the key */
+	int			connections;
+	int			holders;		/* roles with connections here */
+} HostEntry;
+
+typedef struct HostRoleKey
+{
+	char		host[HOST_KEY];
+	Oid			owner;
+} HostRoleKey;
+
+typedef struct HostRole
+{
+	HostRoleKey key;
+	int			connections;
+	dlist_head	waiting;		/* its calls waiting for a connection */
+	dlist_node	in_waiting;		/* on WaitingHosts while any wait */
+} HostRole;
+
+static HTAB *Hosts = NULL;
+static HTAB *HostRoles = NULL;
+static dlist_head WaitingHosts = DLIST_STATIC_INIT(WaitingHosts);
 
 DWARF_FUNCTION(dwarf_http_call);
 
@@ -270,17 +350,32 @@ TimerCallback(CURLM *multi, long timeout_ms, void *userp)
 	return 0;
 }
 
-/* An answer's body, kept up to dwarf.http_max_response. */
+/*
+ * An answer's body, kept up to dwarf.http_max_response: its buffer never
+ * takes more than that (and one byte), what the call holds of
+ * dwarf.http_max_response_memory.
+ */
 static size_t
 WriteCallback(char *data, size_t size, size_t n, void *userp)
 {
 	HttpCall   *call = userp;
 	size_t		len = size * n;
 
-	if ((Size) call->response.len + len > (Size) dwarf_http_max_response * 1024)
+	Size		limit = (Size) dwarf_http_max_response * 1024;
+
+	if ((Size) call->response.len + len > limit)
 	{
 		call->too_large = true;
 		return 0;				/* aborts the transfer */
+	}
+	if (call->response.len + len + 1 > call->response.maxlen)
+	{
+		/* grows by doubling, but never past the limit (and its NUL) */
+		int			grown = (int) Min(Max((Size) call->response.maxlen * 2,
+										  call->response.len + len + 1), limit + 1);
+
+		call->response.data = repalloc(call->response.data, grown);
+		call->response.maxlen = grown;
 	}
 	appendBinaryStringInfo(&call->response, data, len);
 	return len;
@@ -325,6 +420,8 @@ BodyQuote(HttpCall *call)
 }
 
 /* The call failed before any request, or without an answer to record. */
+static void Refuse(HttpCall *call, bool retryable, const char *fmt,...) pg_attribute_printf(3, 4);
+
 static void
 Refuse(HttpCall *call, bool retryable, const char *fmt,...)
 {
@@ -422,22 +519,143 @@ Conclude(HttpCall *call, CURLcode result)
 			   "%s %s failed: %s", call->method, call->url, detail);
 }
 
+/* The HostRole of a host and owner; made if make, else NULL if none. */
+static HostRole *
+HostRoleOf(const char *host, Oid owner, bool make)
+{
+	HostRoleKey key;
+	HostRole   *hr;
+	bool		found;
+
+	memset(&key, 0, sizeof(key));
+	strlcpy(key.host, host, HOST_KEY);
+	key.owner = owner;
+	hr = hash_search(HostRoles, &key, make ? HASH_ENTER : HASH_FIND, &found);
+	if (make && !found)
+	{
+		hr->connections = 0;
+		dlist_init(&hr->waiting);
+	}
+	return hr;
+}
+
+/* The HostEntry of a host; made if make, else NULL if none. */
+static HostEntry *
+HostOf(const char *host, bool make)
+{
+	char		key[HOST_KEY];
+	HostEntry  *h;
+	bool		found;
+
+	memset(key, 0, sizeof(key));
+	strlcpy(key, host, HOST_KEY);
+	h = hash_search(Hosts, key, make ? HASH_ENTER : HASH_FIND, &found);
+	if (make && !found)
+		h->connections = h->holders = 0;
+	return h;
+}
+
+/* Forgets a HostRole with no connection and no call waiting. */
+static void
+HostRoleTidy(HostRole *hr)
+{
+	if (hr->connections == 0 && dlist_is_empty(&hr->waiting))
+		(void) hash_search(HostRoles, &hr->key, HASH_REMOVE, NULL);
+}
+
+/*
+ * May hr's role open another connection to its host?  While the host has
+ * fewer than dwarf.http_max_host_connections, and the role holds fewer
+ * than its share of them: the connections over the roles holding some,
+ * itself included, plus one (at least one), as RoleShare shares the calls.
+ * One role's calls, hanging or not, never hold every connection to a host:
+ * another role's call there finds one.
+ */
+static bool
+MayConnect(HostRole *hr)
+{
+	HostEntry  *h = HostOf(hr->key.host, false);
+	int			holders = h ? h->holders : 0;
+	int			share;
+
+	if (h && h->connections >= dwarf_http_max_host_connections)
+		return false;
+	if (hr->connections == 0)
+		holders++;
+	share = Max(1, dwarf_http_max_host_connections / (holders + 1));
+	return hr->connections < share;
+}
+
+/* A call takes a connection to its host (counted; curl opens it). */
+static void
+Connect(HttpCall *call, HostRole *hr)
+{
+	HostEntry  *h = HostOf(call->host, true);
+
+	if (hr->connections++ == 0)
+		h->holders++;
+	h->connections++;
+	call->connected = true;
+}
+
+/* A call gives its connection back. */
+static void
+Disconnect(HttpCall *call)
+{
+	HostRole   *hr = HostRoleOf(call->host, call->owner, false);
+	HostEntry  *h = HostOf(call->host, false);
+
+	call->connected = false;
+	if (hr && --hr->connections == 0)
+	{
+		if (h)
+			h->holders--;
+		HostRoleTidy(hr);
+	}
+	if (h && --h->connections <= 0)
+		(void) hash_search(Hosts, h->host, HASH_REMOVE, NULL);
+}
+
+/* A call no longer waits for a connection. */
+static void
+Unwait(HttpCall *call)
+{
+	HostRole   *hr = HostRoleOf(call->host, call->owner, false);
+
+	call->waiting = false;
+	dlist_delete(&call->wait_node);
+	if (hr && dlist_is_empty(&hr->waiting))
+	{
+		dlist_delete(&hr->in_waiting);
+		HostRoleTidy(hr);
+	}
+}
+
 /*
  * A call's transfer ends: its handle leaves curl (which closes the
- * connection of a transfer not finished), and the call leaves InFlight.
+ * connection of a transfer not finished), its connection is given back,
+ * or it waits for one no longer, and the call leaves InFlight.
  */
 static void
 EndTransfer(HttpCall *call)
 {
-	if (call->easy)
+	if (call->listed)
 	{
 		pairingheap_remove(Deadlines, &call->in_deadlines);
+		dlist_delete(&call->node);
+		NumInFlight--;
+		call->listed = false;
+	}
+	if (call->waiting)
+		Unwait(call);
+	if (call->easy)
+	{
 		curl_multi_remove_handle(Multi, call->easy);
 		curl_easy_cleanup(call->easy);
 		call->easy = NULL;
-		dlist_delete(&call->node);
-		NumInFlight--;
 	}
+	if (call->connected)
+		Disconnect(call);
 	if (call->headers)
 		curl_slist_free_all(call->headers);
 	call->headers = NULL;
@@ -461,6 +679,7 @@ static void
 DropCall(HttpCall *call)
 {
 	EndTransfer(call);
+	RoleAdd(call->owner, -1);
 	MemoryContextDelete(call->cxt);
 }
 
@@ -524,6 +743,22 @@ EndLateCalls(void)
 
 		if (call->deadline > now)
 			break;
+		if (call->waiting)
+		{
+			LeaseInfo	info;
+
+			/* its wait does not count: its lease is kept, unless it ended */
+			if (LeaseExtend(call->lease, (call->timeout_ms + DWARF_HTTP_LEASE_MARGIN_MS) * 1000,
+							&info) == LEASE_HELD)
+			{
+				pairingheap_remove(Deadlines, &call->in_deadlines);
+				call->deadline = info.lease_until - DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000) / 2;
+				pairingheap_add(Deadlines, &call->in_deadlines);
+			}
+			else
+				DropCall(call);
+			continue;
+		}
 		Refuse(call, true, "%s %s timed out after " INT64_FORMAT " ms",
 			   call->method, call->url, call->timeout_ms);
 		MoveToDone(call);
@@ -633,7 +868,8 @@ BuildHeaders(HttpCall *call, ClaimedStep *step, const char *key)
 	} while (0)
 
 /*
- * Starts a call's transfer: exactly its URL (in normal form: CURLOPT_PATH_AS_IS
+ * Starts a call's transfer (a call in flight, holding a connection to its
+ * host): exactly its URL (in normal form: CURLOPT_PATH_AS_IS
  * keeps curl from changing the path), no proxy whatever the server's
  * environment says (http_proxy and the like), no redirects, TLS verified.
  * A call whose options curl refuses fails without a request.
@@ -647,8 +883,7 @@ StartTransfer(HttpCall *call)
 	if (easy == NULL)
 	{
 		Refuse(call, true, "%s %s failed: curl could not start a transfer", call->method, call->url);
-		dlist_push_tail(&Done, &call->node);
-		NumDone++;
+		MoveToDone(call);
 		return;
 	}
 	SET_OPTION(easy, failed, CURLOPT_URL, call->url);
@@ -687,18 +922,79 @@ StartTransfer(HttpCall *call)
 		curl_easy_cleanup(easy);
 		Refuse(call, false, "%s %s was not called: curl refused its option %s",
 			   call->method, call->url, failed);
-		dlist_push_tail(&Done, &call->node);
-		NumDone++;
+		MoveToDone(call);
 		return;
 	}
 	call->easy = easy;
-	dlist_push_tail(&InFlight, &call->node);
-	NumInFlight++;
-	pairingheap_add(Deadlines, &call->in_deadlines);
 	if (curl_multi_add_handle(Multi, easy) != CURLM_OK)
 	{
 		Refuse(call, true, "%s %s failed: curl could not start a transfer", call->method, call->url);
 		MoveToDone(call);
+	}
+}
+
+/*
+ * A prepared call goes in flight: its transfer starts if its role may open
+ * a connection to its host (MayConnect) and none of the role's calls there
+ * waits before it; else it waits for one, in its role's own line.
+ */
+static void
+Admit(HttpCall *call)
+{
+	HostRole   *hr = HostRoleOf(call->host, call->owner, true);
+
+	dlist_push_tail(&InFlight, &call->node);
+	NumInFlight++;
+	pairingheap_add(Deadlines, &call->in_deadlines);
+	call->listed = true;
+	if (dlist_is_empty(&hr->waiting) && MayConnect(hr))
+	{
+		Connect(call, hr);
+		StartTransfer(call);
+		return;
+	}
+	if (dlist_is_empty(&hr->waiting))
+		dlist_push_tail(&WaitingHosts, &hr->in_waiting);
+	dlist_push_tail(&hr->waiting, &call->wait_node);
+	call->waiting = true;
+}
+
+/*
+ * Starts the waiting calls that may have a connection now, host by host,
+ * each role's in the order they came.  Its lease and its timeout start
+ * over as its transfer starts (LeaseExtend): the wait did not count.  A
+ * call whose lease ended while it waited is forgotten.
+ */
+static void
+StartWaitingCalls(void)
+{
+	dlist_mutable_iter iter;
+
+	dlist_foreach_modify(iter, &WaitingHosts)
+	{
+		HostRoleKey key = dlist_container(HostRole, in_waiting, iter.cur)->key;
+		HostRole   *hr;
+
+		while ((hr = hash_search(HostRoles, &key, HASH_FIND, NULL)) != NULL &&
+			   !dlist_is_empty(&hr->waiting) && MayConnect(hr))
+		{
+			HttpCall   *call = dlist_container(HttpCall, wait_node,
+											   dlist_head_node(&hr->waiting));
+			LeaseInfo	info;
+
+			if (LeaseExtend(call->lease, (call->timeout_ms + DWARF_HTTP_LEASE_MARGIN_MS) * 1000,
+							&info) != LEASE_HELD)
+			{
+				DropCall(call);
+				continue;
+			}
+			Unwait(call);
+			pairingheap_remove(Deadlines, &call->in_deadlines);
+			call->deadline = info.lease_until - DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000) / 2;
+			pairingheap_add(Deadlines, &call->in_deadlines);
+			Connect(call, HostRoleOf(call->host, call->owner, true));
+			StartTransfer(call);
+		}
 	}
 }
 
@@ -723,10 +1019,30 @@ NewCall(ClaimedStep *step)
 	call->cxt = cxt;
 	call->lease = step->lease;
 	call->flow_id = step->key.flow_id;
+	call->owner = step->owner;
 	strlcpy(call->task, step->task, NAMEDATALEN);
 	call->retry_after = -1;
 	call->deadline = step->lease_until - DWARF_HTTP_LEASE_MARGIN_MS * INT64CONST(1000) / 2;
 	return call;
+}
+
+/*
+ * Fills call->host from its URL in normal form: its scheme and authority
+ * (scheme://host[:port], the default port dropped), what connections to a
+ * host are counted by.  False if the URL has none.
+ */
+static bool
+HostKey(HttpCall *call)
+{
+	const char *start = strstr(call->url, "://");
+	const char *end;
+
+	if (start == NULL || start[3] == '\0' || start[3] == '/')
+		return false;
+	end = strchr(start + 3, '/');
+	strlcpy(call->host, call->url,
+			Min(HOST_KEY, (end ? end - call->url : (ptrdiff_t) strlen(call->url)) + 1));
+	return true;
 }
 
 /*
@@ -755,7 +1071,9 @@ PrepareCall(ClaimedStep *step, Oid fn)
 	else if (!UrlAllowed(call->url = normal))
 		Refuse(call, false, "%s is not inside dwarf.http_allow: HTTP task \"%s\" may not call it",
 			   call->url, call->task);
-	else if (!OidIsValid(fn) || pg_proc_aclcheck(fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
+	else if (!HostKey(call))
+		Refuse(call, false, "%s cannot be called: it names no host", call->url);
+	else if (!OidIsValid(fn) || object_aclcheck(ProcedureRelationId, fn, step->owner, ACL_EXECUTE) != ACLCHECK_OK)
 		Refuse(call, false, "the owner of flow " INT64_FORMAT " (%s) may not make HTTP calls: it needs EXECUTE on dwarf.http_call(text)",
 			   call->flow_id, GetUserNameFromId(step->owner, true) ?
 			   GetUserNameFromId(step->owner, true) : "a dropped role");
@@ -767,34 +1085,238 @@ PrepareCall(ClaimedStep *step, Oid fn)
 }
 
 /*
- * Claims up to room offered HTTP steps and starts their calls.  A short
- * transaction reads what the calls need of the catalogs (the owners'
- * EXECUTE on dwarf.http_call, the step keys); it ends before any call
- * starts.  A step that may not be called is answered as failed.  An error
- * while the calls are prepared loses no claimed step: each is answered as
- * a failed attempt (to be retried, the policy permitting) that says why,
- * rather than left to its lease.
+ * How many calls may be held at once: dwarf.http_max_in_flight, and no
+ * more than dwarf.http_max_response_memory has room for, each call holding
+ * dwarf.http_max_response for its answer from its start (at least one).
+ * So the answers' memory is bounded up front, in all and (RoleShare) per
+ * role.
+ */
+static int
+SlotLimit(void)
+{
+	return Min(dwarf_http_max_in_flight,
+			   Max(1, dwarf_http_max_response_memory / dwarf_http_max_response));
+}
+
+/* The calls owner holds now. */
+static int
+CallsOf(Oid owner)
+{
+	RoleCallsEntry *e = hash_search(RoleCalls, &owner, HASH_FIND, NULL);
+
+	return e ? e->calls : 0;
+}
+
+/*
+ * The most calls owner may hold while it starts another: the calls at once
+ * over the roles holding calls, itself included, plus one (at least one
+ * call), as limits.c shares dwarf.max_limit_keys.  While every role keeps
+ * within its share, a role that holds none finds room for its first ones:
+ * one role's backlog never takes every slot.
+ */
+static int
+RoleShare(Oid owner)
+{
+	long		holders = hash_get_num_entries(RoleCalls);
+
+	if (CallsOf(owner) == 0)
+		holders++;
+	return Max(1, SlotLimit() / (int) (holders + 1));
+}
+
+/*
+ * Logs, at most once per LOG_EVERY_MS and with a count of the times since,
+ * that steps ready wait because role holds its share of the calls at once
+ * (InvalidOid: because every call is held).  Names the settings.
  */
 static void
-ClaimAndStart(int room)
+LogWait(Oid role)
 {
-	MemoryContext cxt = CurrentMemoryContext;
+	static TimestampTz logged = 0;
+	static int	times = 0;
+	TimestampTz now = GetCurrentTimestamp();
+	const char *why;
+
+	times++;
+	if (logged != 0 && now < logged + LOG_EVERY_MS * INT64CONST(1000))
+		return;
+	why = SlotLimit() < dwarf_http_max_in_flight ?
+		psprintf("dwarf.http_max_response_memory (%d kB) has room for %d answers of dwarf.http_max_response (%d kB)",
+				 dwarf_http_max_response_memory, SlotLimit(), dwarf_http_max_response) :
+		psprintf("dwarf.http_max_in_flight is %d", dwarf_http_max_in_flight);
+	if (OidIsValid(role))
+		ereport(LOG,
+				(errmsg("dwarf: HTTP steps of role %u wait: it holds its share of %d calls at once (%d times in %d s)",
+						role, RoleShare(role), times, LOG_EVERY_MS / 1000),
+				 errdetail("%s; the roles holding calls share them.", why)));
+	else
+		ereport(LOG,
+				(errmsg("dwarf: HTTP steps wait: %d calls are in flight (%d times in %d s)",
+						SlotLimit(), times, LOG_EVERY_MS / 1000),
+				 errdetail("%s.", why)));
+	logged = now;
+	times = 0;
+}
+
+/* owner holds n more calls (n < 0: fewer); a role holding none is forgotten. */
+static void
+RoleAdd(Oid owner, int n)
+{
+	bool		found;
+	RoleCallsEntry *e = hash_search(RoleCalls, &owner, HASH_ENTER, &found);
+
+	if (!found)
+		e->calls = 0;
+	e->calls += n;
+	if (e->calls <= 0)
+		(void) hash_search(RoleCalls, &owner, HASH_REMOVE, NULL);
+}
+
+/* Notes that owner has steps ready (once). */
+static void
+ReadyAdd(Oid owner)
+{
+	int			i;
+
+	for (i = 0; i < NumReady; i++)
+		if (ReadyRoles[i] == owner)
+			return;
+	if (NumReady == ReadySize)
+	{
+		ReadySize = Max(16, ReadySize * 2);
+		ReadyRoles = ReadyRoles ?
+			repalloc(ReadyRoles, sizeof(Oid) * ReadySize) :
+			MemoryContextAlloc(TopMemoryContext, sizeof(Oid) * ReadySize);
+	}
+	ReadyRoles[NumReady++] = owner;
+}
+
+/* Forgets that owner has steps ready (until a look finds some again). */
+static void
+ReadyRemove(Oid owner)
+{
+	int			i;
+
+	for (i = 0; i < NumReady; i++)
+		if (ReadyRoles[i] == owner)
+		{
+			ReadyRoles[i] = ReadyRoles[--NumReady];
+			return;
+		}
+}
+
+/*
+ * Reads the whole queue for the roles with steps ready (an OffersClaim for
+ * no owner claims nothing, and returns every owner it met).  One pass over
+ * the ready steps: done when no role is known to have any, else at most
+ * every LOOK_MS, so that a role whose steps wait behind another's backlog
+ * is found within LOOK_MS.
+ */
+static void
+LookForRoles(void)
+{
 	Oid		   *seen;
 	int			nseen;
-	List	   *claimed;
+	int			i;
+
+	(void) OffersClaim(DWARF_HTTP_QUEUE, 1, 0, NULL, 0, false, &seen, &nseen, NULL, NULL);
+	NumReady = 0;
+	for (i = 0; i < nseen; i++)
+		ReadyAdd(seen[i]);
+	pfree(seen);
+	LookDue = GetCurrentTimestamp() + LOOK_MS * INT64CONST(1000);
+}
+
+/*
+ * Claims offered HTTP steps, role by role, and starts their calls.  Calls
+ * are not taken first come, first served across roles: each role with
+ * steps ready takes, in turn, up to its share (RoleShare) of the calls at
+ * once, so one role's backlog waits in its own line while another role's
+ * step is claimed at once.  A short transaction reads what the calls need
+ * of the catalogs (the owners' EXECUTE on dwarf.http_call, the step keys,
+ * the limits' settings); it ends before any call starts.  A step that may
+ * not be called is answered as failed.  An error while the calls are
+ * prepared loses no claimed step: each is answered as a failed attempt (to
+ * be retried, the policy permitting) that says why, rather than left to
+ * its lease.
+ */
+static void
+ClaimAndStart(void)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile int room = SlotLimit() - NumInFlight - NumDone;
+	Oid		   *turns;
+	int			nturns;
+	List	   *volatile claimed = NIL;
 	List	   *volatile calls = NIL;
 	ListCell   *lc;
+	int			i;
+	uint64		ended = OffersHttpEnded();
 
+	LookWake = 0;
 	if (!OffersHasReady(DWARF_HTTP_QUEUE))
+	{
+		NumReady = 0;
 		return;
+	}
+	if (room <= 0)
+	{
+		LogWait(InvalidOid);
+		return;
+	}
+	if (NumReady == 0 || GetCurrentTimestamp() >= LookDue)
+		LookForRoles();
+
+	/* the roles below their shares, in turn from NextTurn */
+	turns = palloc(sizeof(Oid) * Max(NumReady, 1));
+	nturns = 0;
+	for (i = 0; i < NumReady; i++)
+	{
+		Oid			owner = ReadyRoles[(i + NextTurn) % NumReady];
+
+		if (CallsOf(owner) < RoleShare(owner))
+			turns[nturns++] = owner;
+		else
+			LogWait(owner);
+	}
+	NextTurn++;
+	if (NumReady > 0)
+		LookWake = LookDue;		/* a role not seen yet may wait behind them */
+	if (nturns == 0)
+		return;
+
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
-	claimed = ClaimOffered(DWARF_HTTP_QUEUE, room, 0, NULL, 0, true, &seen, &nseen, &LimitDue);
 	PG_TRY();
 	{
-		Oid			fn = claimed ? HttpCallFunction() : InvalidOid;
+		Oid			fn;
 
+		LimitDue = 0;
+		for (i = 0; i < nturns && room > 0; i++)
+		{
+			Oid			owner = turns[i];
+			int			want = Min(room, RoleShare(owner) - CallsOf(owner));
+			Oid		   *seen;
+			int			nseen;
+			int			j;
+			TimestampTz due;
+			List	   *more;
+
+			if (want <= 0)
+				continue;
+			more = ClaimOffered(DWARF_HTTP_QUEUE, want, 0, &owner, 1, false, &seen, &nseen, &due);
+			if (due > 0 && (LimitDue == 0 || due < LimitDue))
+				LimitDue = due;
+			for (j = 0; j < nseen; j++)
+				ReadyAdd(seen[j]);
+			if (list_length(more) < want)
+				ReadyRemove(owner); /* none left that it may claim now */
+			RoleAdd(owner, list_length(more));
+			room -= list_length(more);
+			claimed = list_concat(claimed, more);
+		}
+		fn = claimed ? HttpCallFunction() : InvalidOid;
 		foreach(lc, claimed)
 		{
 			HttpCall   *call = PrepareCall(lfirst(lc), fn);
@@ -809,11 +1331,11 @@ ClaimAndStart(int room)
 	PG_CATCH();
 	{
 		ErrorData  *edata;
-		int			i = 0;
 
 		MemoryContextSwitchTo(cxt);
 		edata = CopyErrorData();
 		FlushErrorState();
+		i = 0;
 		foreach(lc, claimed)
 		{
 			HttpCall   *call = i < list_length(calls) ? list_nth(calls, i) : NewCall(lfirst(lc));
@@ -839,7 +1361,7 @@ ClaimAndStart(int room)
 		HttpCall   *call = lfirst(lc);
 
 		if (call->message == NULL)
-			StartTransfer(call);
+			Admit(call);
 		else
 		{
 			if (call->headers)	/* prepared, then refused by an error */
@@ -848,6 +1370,17 @@ ClaimAndStart(int room)
 			dlist_push_tail(&Done, &call->node);
 			NumDone++;
 		}
+	}
+
+	/*
+	 * A lease of these that ended since its claim (its flow cancelled
+	 * meanwhile) was not seen above, before they were in flight: look
+	 * again, before curl sends a byte.
+	 */
+	if (OffersHttpEnded() != ended)
+	{
+		SeenHttpEnded = ended;
+		DropEndedCalls();
 	}
 }
 
@@ -899,6 +1432,7 @@ FreeCall(HttpCall *call)
 {
 	dlist_delete(&call->node);
 	NumDone--;
+	RoleAdd(call->owner, -1);
 	MemoryContextDelete(call->cxt);
 }
 
@@ -1013,9 +1547,17 @@ ActOnSockets(void)
 	}
 }
 
+/* The sooner of two times, where 0 is never. */
+static TimestampTz
+Sooner(TimestampTz a, TimestampTz b)
+{
+	return a == 0 ? b : b == 0 ? a : Min(a, b);
+}
+
 /*
- * Waits for the latch (an offer, a signal), curl's sockets, or curl's next
- * timeout; then lets curl act on what happened.
+ * Waits for the latch (an offer, a signal), curl's sockets, curl's next
+ * timeout, a call's deadline, or the next look at the queue; then lets
+ * curl act on what happened.
  */
 static void
 WaitAndAct(void)
@@ -1025,20 +1567,15 @@ WaitAndAct(void)
 	int			running;
 	int			n,
 				i;
+	TimestampTz due = Sooner(Sooner(CurlDue, LimitDue), LookWake);
 
-	if (CurlDue > 0 || LimitDue > 0 || !pairingheap_is_empty(Deadlines))
+	if (!pairingheap_is_empty(Deadlines))
+		due = Sooner(due, pairingheap_container(HttpCall, in_deadlines,
+												pairingheap_first(Deadlines))->deadline);
+	if (due > 0)
 	{
 		TimestampTz now = GetCurrentTimestamp();
-		TimestampTz due = CurlDue > 0 && (LimitDue == 0 || CurlDue < LimitDue) ? CurlDue : LimitDue;
 
-		if (!pairingheap_is_empty(Deadlines))
-		{
-			TimestampTz late = pairingheap_container(HttpCall, in_deadlines,
-													 pairingheap_first(Deadlines))->deadline;
-
-			if (due == 0 || late < due)
-				due = late;
-		}
 		timeout = due <= now ? 0 : TimestampDifferenceMilliseconds(now, due) + 1;
 		if (LimitDue > 0 && LimitDue <= now)
 			LimitDue = 0;		/* the claim that follows looks again */
@@ -1126,12 +1663,24 @@ HttpInit(void)
 	ctl.keysize = sizeof(curl_socket_t);
 	ctl.entrysize = sizeof(curl_socket_t);
 	Sockets = hash_create("dwarf http sockets", 1024, &ctl, HASH_ELEM | HASH_BLOBS);
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(RoleCallsEntry);
+	RoleCalls = hash_create("dwarf http roles", 64, &ctl, HASH_ELEM | HASH_BLOBS);
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = HOST_KEY;
+	ctl.entrysize = sizeof(HostEntry);
+	Hosts = hash_create("dwarf http hosts", 64, &ctl, HASH_ELEM | HASH_BLOBS);
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(HostRoleKey);
+	ctl.entrysize = sizeof(HostRole);
+	HostRoles = hash_create("dwarf http host roles", 64, &ctl, HASH_ELEM | HASH_BLOBS);
 	Epoll = epoll_create1(EPOLL_CLOEXEC);
 	if (Epoll < 0)
 		ereport(FATAL,
 				(errcode_for_socket_access(),
 				 errmsg("dwarf: could not create an epoll set for HTTP calls: %m")));
-	WaitSet = CreateWaitEventSet(TopMemoryContext, 3);
+	WaitSet = CreateWaitEventSet(NULL, 3);
 	AddWaitEventToSet(WaitSet, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 	AddWaitEventToSet(WaitSet, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 	AddWaitEventToSet(WaitSet, WL_SOCKET_READABLE, Epoll, NULL, NULL);
@@ -1208,8 +1757,9 @@ DwarfHttpMain(Datum arg)
 		/* claims after the watch starts: no offer goes unseen */
 		OffersWatch(DWARF_HTTP_QUEUE);
 		DropEndedCalls();
-		if (NumInFlight + NumDone < dwarf_http_max_in_flight)
-			ClaimAndStart(dwarf_http_max_in_flight - NumInFlight - NumDone);
+		if (!dlist_is_empty(&WaitingHosts))
+			StartWaitingCalls();
+		ClaimAndStart();
 		MemoryContextSwitchTo(loop_cxt);
 		if (NumDone == 0)
 			WaitAndAct();

@@ -40,6 +40,7 @@
 #include "shmem.h"
 #include "flows.h"
 #include "http.h"
+#include "offers.h"
 
 /* A database the launcher knows of, and the workers it started there. */
 typedef struct LauncherDb
@@ -446,6 +447,7 @@ ForgetDropped(void)
 			idle = false;
 		if (idle && dbs[i].dropped)
 		{
+			OffersForgetDatabase(dbs[i].dboid);	/* its steps' offers, leases, queues */
 			dbs[i] = dbs[--ndbs];
 			i--;
 		}

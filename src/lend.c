@@ -24,14 +24,15 @@
  * goes to the waiting step of the role that holds the fewest, whichever
  * worker (of whichever database) has it: each worker says which roles'
  * steps wait with it (DwarfLendWaits), and the others leave a free runner
- * to a role that holds fewer than theirs.  A role's fair share is
- * dwarf.max_runners over the number of roles with running or waiting slow
- * steps (at least 1).  When every runner is taken and a step of a role
- * below its share waits, the newest runner of a role above its share is
- * preempted: terminated, so its step's transaction rolls back (nothing of
- * it was committed), and its lender gives the step back to wait for a
- * runner again, neither failed nor counted as an attempt nor taken for a
- * crash.  Only a role above its share loses a runner, and only to one
+ * to a role that holds fewer than theirs.  A role's fair share is the
+ * runners (dwarf.max_runners, or as many as can start when the server's
+ * background worker slots are short: see MaxRunners) over the number of
+ * roles with running or waiting slow steps (at least 1).  When every runner
+ * is taken and a step of a role below its share waits, the newest runner of
+ * a role above its share is preempted: terminated, so its step's
+ * transaction rolls back (nothing of it was committed), and its lender
+ * gives the step back to wait for a runner again, neither failed nor
+ * counted as an attempt nor taken for a crash.  Only a role above its share loses a runner, and only to one
  * below it, so no step is preempted back and forth; one preemption at a
  * time is in flight.
  */
@@ -46,19 +47,52 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "shmem.h"
 #include "graph.h"
 #include "flowrun.h"
 #include "limits.h"
 #include "worker.h"
 
-/* Runners may use at most this many background worker slots. */
+/* A failed start's word on how many runners can start counts this long. */
+#define DWARF_ROOM_FRESH_MS		10000
+
+/* Runners may use at most this many background worker slots, as set. */
 static int
-MaxRunners(void)
+RunnersSet(void)
 {
 	int			n = dwarf_max_runners >= 0 ? dwarf_max_runners : max_worker_processes / 2;
 
 	return Min(n, DWARF_MAX_RUNNERS);
+}
+
+/*
+ * Runners that may run at once: dwarf.max_runners (RunnersSet), or fewer
+ * when fewer could really start lately.  The server's background worker
+ * slots are shared with dwarf's own workers and launcher, the HTTP
+ * processes and everyone else's workers, and a share of runners no runner
+ * can fill would keep a role below its share waiting with nothing to
+ * preempt: "every runner is taken" means every runner that can start.  A
+ * runner that cannot be registered says how many there were (StartRunner,
+ * which tries again as long as steps wait, up to dwarf.max_runners); one
+ * that can, past that count, or DWARF_ROOM_FRESH_MS without a failure, lifts
+ * the bound again.
+ */
+static int
+MaxRunners(void)
+{
+	int			n = RunnersSet();
+	int			room = -1;
+
+	if (Dwarf->runner_room_at == 0)
+		return n;				/* no failure lately: the common case */
+	SpinLockAcquire(&Dwarf->mutex);
+	if (Dwarf->runner_room_at != 0 &&
+		!TimestampDifferenceExceeds(Dwarf->runner_room_at, GetCurrentTimestamp(),
+									DWARF_ROOM_FRESH_MS))
+		room = Dwarf->runner_room;
+	SpinLockRelease(&Dwarf->mutex);
+	return room >= 0 ? Min(n, room) : n;
 }
 
 /*
@@ -69,7 +103,7 @@ MaxRunners(void)
 bool
 LendingOn(void)
 {
-	return dwarf_long_step > 0 && MaxRunners() > 0;
+	return dwarf_long_step > 0 && RunnersSet() > 0;
 }
 
 /* Runner slots in use, by any worker of any database. */
@@ -410,6 +444,7 @@ PreemptForFairness(void)
 	DwarfRunnerSlot *victim = NULL;
 	Oid			over[DWARF_MAX_RUNNERS];	/* roles above their share */
 	int			nover = 0;
+	int			max;
 	int			share;
 	int			running;
 	int64		flow_id = 0;
@@ -419,10 +454,10 @@ PreemptForFairness(void)
 	int			i;
 
 	TakeLendView(&view);
-	if (view.preempting || view.used < MaxRunners() ||
+	if (view.preempting || view.used < (max = MaxRunners()) ||
 		(waiting = NextToLend(&view)) == NULL)
 		return;
-	share = Max(1, MaxRunners() / Max(1, view.nroles));
+	share = Max(1, max / Max(1, view.nroles));
 	if (RunningOf(&view, waiting->role) >= share)
 		return;
 	for (i = 0; i < view.nroles; i++)
@@ -467,8 +502,8 @@ PreemptForFairness(void)
 		return;					/* its runner is free already */
 	running = RunningOf(&view, role);
 	ereport(LOG,
-			(errmsg("dwarf: a runner's step of flow " INT64_FORMAT " of role %u is preempted: the role holds %d of dwarf.max_runners (%d), more than its share of %d, while a step of role %u waits",
-					flow_id, role, running, MaxRunners(), share, waiting->role),
+			(errmsg("dwarf: a runner's step of flow " INT64_FORMAT " of role %u is preempted: the role holds %d of the %d runners that can start (dwarf.max_runners is %d), more than its share of %d, while a step of role %u waits",
+					flow_id, role, running, max, RunnersSet(), share, waiting->role),
 			 errdetail("The step is rolled back and waits for a runner again; nothing of it is kept.")));
 	/* A runner not started yet stops as it starts: its lender sees it gone. */
 	if (pid > 0)
@@ -491,10 +526,11 @@ StartRunner(Lent *lent)
 	LendView	view;
 	bool		registered;
 	int			used = 0;
+	int			max = RunnersSet();	/* a start that fails says what MaxRunners says */
 	int			i;
 
 	TakeLendView(&view);
-	if (view.used >= MaxRunners() || FewerWait(&view, lent->role))
+	if (view.used >= max || FewerWait(&view, lent->role))
 		return false;
 	SpinLockAcquire(&Dwarf->mutex);
 	for (i = 0; i < DWARF_MAX_RUNNERS; i++)
@@ -504,7 +540,7 @@ StartRunner(Lent *lent)
 		else if (slot == NULL)
 			slot = &Dwarf->runners[i];
 	}
-	if (slot == NULL || used >= MaxRunners())
+	if (slot == NULL || used >= max)
 	{
 		SpinLockRelease(&Dwarf->mutex);
 		return false;
@@ -533,12 +569,31 @@ StartRunner(Lent *lent)
 	old = MemoryContextSwitchTo(TopMemoryContext);	/* the handle lives on */
 	registered = RegisterDynamicBackgroundWorker(&worker, &lent->handle);
 	MemoryContextSwitchTo(old);
+	SpinLockAcquire(&Dwarf->mutex);
 	if (!registered)
 	{
-		SpinLockAcquire(&Dwarf->mutex);
+		/* No slot: the runners in use are all that can start now. */
 		slot->in_use = false;
-		SpinLockRelease(&Dwarf->mutex);
+		Dwarf->runner_room = used;
+		Dwarf->runner_room_at = GetCurrentTimestamp();
+	}
+	else if (Dwarf->runner_room_at != 0 && used + 1 > Dwarf->runner_room)
+		Dwarf->runner_room_at = 0;	/* more could start than we thought */
+	SpinLockRelease(&Dwarf->mutex);
+	if (!registered)
+	{
+		static LogRate no_slot;
+		int64		n;
+		int			seconds;
+
 		lent->handle = NULL;
+		if ((n = LogRateDue(&no_slot, GetCurrentTimestamp(), &seconds)) > 0)
+			ereport(LOG,
+					(errmsg("dwarf: a runner could not start: no background worker slot is free, with %d runners running of dwarf.max_runners (%d)%s",
+							used, max, LogRateCount(n, seconds)),
+					 errdetail("Runners are shared between roles as if %d were all there are, until more can start.", used),
+					 errhint("Raise max_worker_processes (now %d), or set dwarf.max_runners to what the server has room for.",
+							 max_worker_processes)));
 		return false;
 	}
 	lent->runner = slot - Dwarf->runners;
@@ -556,7 +611,7 @@ RunnerWants(FlowRun *flow, Token *token)
 	GraphNode  *node = &flow->graph->nodes[token->node];
 	int			crashes = CrashesOf(flow->id, token->id);
 
-	return !Worker.is_runner && MaxRunners() > 0 && OidIsValid(node->fn) &&
+	return !Worker.is_runner && RunnersSet() > 0 && OidIsValid(node->fn) &&
 		crashes < dwarf_step_crashes && (crashes > 0 || TaskIsSlow(node));
 }
 
@@ -719,7 +774,26 @@ RunnerPoll(void)
 		PreemptForFairness();
 	if (freed)
 		WakeWaitingWorkers();
-	return waiting ? 100 : -1;
+	return waiting ? RunnerWaitMs() : -1;
+}
+
+/*
+ * Milliseconds until the worker should look again for a runner (100) when a
+ * step waits for one, or -1.  For the loop's sleep after a batch: a step
+ * the batch lent (RunnerLend) came after this loop's RunnerPoll, and
+ * nothing else need wake the worker for it: a worker that slept until a
+ * runner finished left a role below its share waiting out the steps of one
+ * above it, with no preemption.
+ */
+long
+RunnerWaitMs(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, Worker.lent)
+		if (((Lent *) lfirst(lc))->runner < 0)
+			return 100;
+	return -1;
 }
 
 /*

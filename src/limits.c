@@ -66,6 +66,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "flows.h"
 #include "limits.h"
 #include "names.h"
@@ -465,7 +466,7 @@ static bool
 TakeTagWith(const LimitTag *tag, const char *name, const char *key,
 			const LimitSettings *settings, TimestampTz now, TimestampTz *retry_at)
 {
-	static TimestampTz said_full = 0;
+	static LogRate full;
 	LimitSettings s = *settings;
 	LimitCount *c;
 	bool		taken = false;
@@ -477,26 +478,28 @@ TakeTagWith(const LimitTag *tag, const char *name, const char *key,
 	{
 		bool		share_full = HolderFull(tag);
 		int			share = HolderShare(tag);
+		int64		n;
+		int			seconds;
 
 		LWLockRelease(Limits->lock);
 		if (!s.set)
 			return true;		/* not limited: nothing to count it in */
 		*retry_at = now + USECS_PER_SEC;
-		if (TimestampDifferenceExceeds(said_full, now, 10000))
+		if ((n = LogRateDue(&full, now, &seconds)) > 0)
 		{
 			char	   *owner = GetUserNameFromId(tag->owner, true);
 
-			said_full = now;
 			if (share_full)
 				ereport(LOG,
-						(errmsg("dwarf: no room for a count of limit \"%s\" of role %s: the role holds its share of dwarf.max_limit_keys (%d of %d)",
-								name, owner ? owner : "?", share, dwarf_max_limit_keys),
+						(errmsg("dwarf: no room for a count of limit \"%s\" of role %s: the role holds its share of dwarf.max_limit_keys (%d of %d)%s",
+								name, owner ? owner : "?", share, dwarf_max_limit_keys,
+								LogRateCount(n, seconds)),
 						 errdetail("Steps under the role's limits with keys not counted yet wait until one of its counts is free; other roles' counts are not affected."),
 						 errhint("Use fewer keys at once, or raise dwarf.max_limit_keys (it takes a restart).")));
 			else
 				ereport(LOG,
-						(errmsg("dwarf: no room for the count of limit \"%s\": dwarf.max_limit_keys (%d) counts are in use",
-								name, dwarf_max_limit_keys),
+						(errmsg("dwarf: no room for the count of limit \"%s\": dwarf.max_limit_keys (%d) counts are in use%s",
+								name, dwarf_max_limit_keys, LogRateCount(n, seconds)),
 						 errdetail("Steps under the limit wait until a count is free."),
 						 errhint("Raise dwarf.max_limit_keys (it takes a restart), or use fewer keys.")));
 		}

@@ -348,7 +348,7 @@ BeginGraphScan(GraphScan *gs, text *name, Oid owner)
 	if (OidIsValid(owner))
 		ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
 							   InvalidOid, F_OIDEQ, ObjectIdGetDatum(owner));
-	scan = index_beginscan(gs->rel, gs->index, GetActiveSnapshot(), nkeys, 0);
+	scan = index_beginscan(gs->rel, gs->index, GetActiveSnapshot(), NULL, nkeys, 0);
 	index_rescan(scan, keys, nkeys, NULL, 0);
 	return scan;
 }

@@ -23,6 +23,18 @@
  * that ended is remembered for DWARF_LEASE_MEMORY_MS, so that a late
  * complete hears why it is refused.
  *
+ * The tables are of fixed size, allocated at start from the settings
+ * (dwarf.max_external_steps, four leases an offer, DWARF_MAX_QUEUES), so
+ * that they never take the shared memory the lock table may need.  The
+ * offers, and the bytes of dwarf.external_memory their data takes, are
+ * shared by the roles that own some (RoleShare): one role's backlog, of
+ * many steps or of large inputs, waits in its flows, and another role
+ * below its share always finds room.  Nothing is offered and nothing
+ * withdrawn inside a transaction: a batch that rolls back leaves them as
+ * its flows' rows say.
+ * A queue goes when nothing uses it, and a dropped database's offers,
+ * leases and queues with it (OffersForgetDatabase).
+ *
  * One LWLock guards it all; what it covers is short (hash lookups, list
  * moves, copying one step's input out).
  */
@@ -56,7 +68,10 @@
 /* The first part of the shared area, in the main shared memory. */
 #define DWARF_OFFER_AREA_SIZE	(1024 * 1024)
 
-/* Sweeps (a second apart) an offer's flow may be out of memory before it is withdrawn. */
+/*
+ * Sweeps (a second apart) an offer's flow may be out of memory before its
+ * worker looks it up in the table (OffersSweep's absent).
+ */
 #define DWARF_ABSENT_SWEEPS	10
 
 /* Most queues a server keeps at once (claims wait on them). */
@@ -68,12 +83,20 @@ typedef struct OfferQueueKey
 	char		name[NAMEDATALEN];
 } OfferQueueKey;
 
-/* A queue: its ready steps, oldest first, and the claims waiting on it. */
+/*
+ * A queue: its ready steps, oldest first, and the claims waiting on it.  It
+ * goes once no offer and no claim uses it (DropQueueIfUnused), so that
+ * claims on made-up names leave nothing behind; the HTTP process's queue
+ * (watched) stays.
+ */
 typedef struct OfferQueue
 {
 	OfferQueueKey key;
 	dlist_head	ready;
 	int			nlimited;		/* of the ready, those whose task names a limit */
+	int			noffers;		/* offers of any state on it */
+	int			nwaiting;		/* claims waiting on it (OffersWait) */
+	bool		watched;		/* the HTTP process waits on it (OffersWatch) */
 	ConditionVariable cv;
 } OfferQueue;
 
@@ -108,6 +131,18 @@ typedef struct Offer
 	bool		on_answered;
 } Offer;
 
+/*
+ * A role's offers: the pool of dwarf.max_external_steps, and the bytes of
+ * dwarf.external_memory their inputs, baggage, calls and limits take, are
+ * shared by the roles that own offered steps (RoleShare).
+ */
+typedef struct OfferRole
+{
+	Oid			role;
+	int			offers;
+	Size		bytes;			/* of its offers in the area */
+} OfferRole;
+
 /* A lease, held or ended. */
 typedef struct Lease
 {
@@ -129,6 +164,7 @@ typedef struct OffersShared
 	pg_atomic_uint64 http_ended;	/* leases of HTTP calls ended under them
 									 * (withdrawn, run out): the HTTP process
 									 * aborts those calls (OffersHttpEnded) */
+	int			nroles;			/* entries of RoleTable (roles with offers) */
 	char		area[FLEXIBLE_ARRAY_MEMBER];	/* DWARF_OFFER_AREA_SIZE */
 } OffersShared;
 
@@ -136,6 +172,7 @@ static OffersShared *Offers = NULL;
 static HTAB *OfferTable = NULL;
 static HTAB *LeaseTable = NULL;
 static HTAB *QueueTable = NULL;
+static HTAB *RoleTable = NULL;
 static dsa_area *Area = NULL;
 
 /* Has this process offers to sweep (it offered, or its last sweep found some)? */
@@ -147,6 +184,13 @@ MaxLeases(void)
 	return dwarf_max_external_steps * 4;
 }
 
+/* Roles that may own offers at once: one an offer at most. */
+static int
+MaxOfferRoles(void)
+{
+	return Min(dwarf_max_external_steps, 4096);
+}
+
 static Size
 OffersSize(void)
 {
@@ -155,6 +199,7 @@ OffersSize(void)
 	size = add_size(size, hash_estimate_size(dwarf_max_external_steps, sizeof(Offer)));
 	size = add_size(size, hash_estimate_size(MaxLeases(), sizeof(Lease)));
 	size = add_size(size, hash_estimate_size(DWARF_MAX_QUEUES, sizeof(OfferQueue)));
+	size = add_size(size, hash_estimate_size(MaxOfferRoles(), sizeof(OfferRole)));
 	return size;
 }
 
@@ -191,23 +236,34 @@ OffersShmemStartup(void)
 		dlist_init(&Offers->answered);
 		Offers->nanswered = 0;
 		pg_atomic_init_u64(&Offers->http_ended, 0);
+		Offers->nroles = 0;
 		area = dsa_create_in_place(Offers->area, DWARF_OFFER_AREA_SIZE,
 								   Offers->area_tranche, NULL);
 		dsa_pin(area);
 		dsa_detach(area);
 	}
+	/*
+	 * Fixed-size tables, all allocated now: full, an insert fails (and the
+	 * setting is named in what follows), rather than take the shared
+	 * memory that the lock table may need.
+	 */
 	ctl.keysize = sizeof(OfferKey);
 	ctl.entrysize = sizeof(Offer);
 	OfferTable = ShmemInitHash("dwarf offered steps", dwarf_max_external_steps,
-							   dwarf_max_external_steps, &ctl, HASH_ELEM | HASH_BLOBS);
+							   dwarf_max_external_steps, &ctl,
+							   HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	ctl.keysize = sizeof(int64);
 	ctl.entrysize = sizeof(Lease);
 	LeaseTable = ShmemInitHash("dwarf leases", MaxLeases(), MaxLeases(), &ctl,
-							   HASH_ELEM | HASH_BLOBS);
+							   HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	ctl.keysize = sizeof(OfferQueueKey);
 	ctl.entrysize = sizeof(OfferQueue);
 	QueueTable = ShmemInitHash("dwarf offer queues", DWARF_MAX_QUEUES, DWARF_MAX_QUEUES,
-							   &ctl, HASH_ELEM | HASH_BLOBS);
+							   &ctl, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(OfferRole);
+	RoleTable = ShmemInitHash("dwarf offer roles", MaxOfferRoles(), MaxOfferRoles(),
+							  &ctl, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -243,9 +299,84 @@ FindQueue(const char *name, bool create)
 	{
 		dlist_init(&queue->ready);
 		queue->nlimited = 0;
+		queue->noffers = 0;
+		queue->nwaiting = 0;
+		queue->watched = false;
 		ConditionVariableInit(&queue->cv);
 	}
 	return queue;
+}
+
+/*
+ * Removes a queue that no offer and no claim uses any more (under the
+ * lock, exclusive).  A broadcast on it that comes late finds its entry on
+ * the table's free list, unchanged, or another queue's: a spurious wake-up
+ * at most.
+ */
+static void
+DropQueueIfUnused(OfferQueue *queue)
+{
+	if (queue->noffers == 0 && queue->nwaiting == 0 && !queue->watched)
+		hash_search(QueueTable, &queue->key, HASH_REMOVE, NULL);
+}
+
+/*
+ * May a step of role, whose data takes len bytes, be offered, by its share
+ * of dwarf.max_external_steps and of dwarf.external_memory?  A role holds
+ * at most max / (other roles with offers + 2) of each: with n roles at
+ * their share, max / (n + 1) stays free, more than a newcomer's share
+ * (max / (n + 2)), so that a role below its share always finds room for
+ * its next offer whatever the others hold (of memory: for an offer that
+ * fits in what its share leaves it).  Every role with offers has bytes
+ * (an input is never empty), so the same roles divide both.  A role's
+ * backlog past its share waits in its flows (durable in the tables) and
+ * is offered as its offers end.  Under the lock; O(1).
+ */
+static OfferRefusal
+RoleShare(Oid role, Size len)
+{
+	OfferRole  *entry = hash_search(RoleTable, &role, HASH_FIND, NULL);
+	int			mine = entry ? entry->offers : 0;
+	Size		my_bytes = entry ? entry->bytes : 0;
+	int			others = Offers->nroles - (entry ? 1 : 0);
+
+	if (mine >= Max(dwarf_max_external_steps / (others + 2), 1))
+		return OFFER_PAST_SHARE;
+	if (my_bytes + len > (Size) dwarf_external_memory * 1024 / (others + 2))
+		return OFFER_PAST_MEMORY_SHARE;
+	return OFFERED;
+}
+
+/*
+ * Counts an offer of role (+1) or one that ended (-1), whose data takes
+ * bytes in the area; under the lock.
+ */
+static bool
+CountRole(Oid role, int delta, Size bytes)
+{
+	bool		found;
+	OfferRole  *entry = hash_search(RoleTable, &role,
+									delta > 0 ? HASH_ENTER_NULL : HASH_FIND, &found);
+
+	if (entry == NULL)
+		return false;
+	if (delta > 0 && !found)
+	{
+		entry->offers = 0;
+		entry->bytes = 0;
+		Offers->nroles++;
+	}
+	entry->offers += delta;
+	if (delta > 0)
+		entry->bytes += bytes;
+	else
+		entry->bytes -= Min(bytes, entry->bytes);
+	if (entry->offers <= 0)
+	{
+		hash_search(RoleTable, &role, HASH_REMOVE, NULL);
+		Offers->nroles--;
+	}
+	return true;
 }
 
 /* The limits of an offer's step (pointing into the shared area). */
@@ -301,6 +432,15 @@ EndLease(Offer *offer, LeaseEnd why)
 	offer->lease = 0;
 }
 
+/* The bytes an offer's data takes in the shared area (0: freed). */
+static Size
+OfferBytes(Offer *offer)
+{
+	if (!DsaPointerIsValid(offer->data))
+		return 0;
+	return offer->input_len + offer->baggage_len + offer->call_len + offer->limits_len;
+}
+
 /* Frees what an offer keeps in the shared area. */
 static void
 FreeData(Offer *offer)
@@ -308,7 +448,7 @@ FreeData(Offer *offer)
 	if (DsaPointerIsValid(offer->data))
 	{
 		dsa_free(OfferArea(), offer->data);
-		Offers->bytes -= offer->input_len + offer->baggage_len + offer->call_len + offer->limits_len;
+		Offers->bytes -= OfferBytes(offer);
 		offer->data = InvalidDsaPointer;
 	}
 }
@@ -335,7 +475,10 @@ RemoveOffer(Offer *offer, LeaseEnd why)
 		Offers->nanswered--;
 	}
 	EndLease(offer, why);
+	CountRole(offer->owner, -1, OfferBytes(offer));
 	FreeData(offer);
+	offer->queue->noffers--;
+	DropQueueIfUnused(offer->queue);
 	hash_search(OfferTable, &offer->key, HASH_REMOVE, NULL);
 }
 
@@ -343,11 +486,13 @@ RemoveOffer(Offer *offer, LeaseEnd why)
  * Offers a step, or leaves the offer of the same step (visit and attempt)
  * as it stands: a worker that loads a flow again offers its steps again,
  * and a lease taken meanwhile must hold.  An offer of an earlier visit or
- * attempt of the branch is replaced.  Returns false when the step cannot be
- * offered now: dwarf.max_external_steps steps are offered, or their inputs
- * fill dwarf.external_memory.
+ * attempt of the branch is replaced.  Returns OFFERED, or why the step
+ * cannot be offered now: its owner holds its share of
+ * dwarf.max_external_steps or of dwarf.external_memory (RoleShare), the
+ * table is full, the inputs fill dwarf.external_memory, or there are too
+ * many queues.
  */
-bool
+OfferRefusal
 OfferPublish(const OfferSpec *spec)
 {
 	dsa_area   *area = OfferArea();
@@ -360,37 +505,63 @@ OfferPublish(const OfferSpec *spec)
 	OfferQueue *queue;
 	bool		found;
 	dsa_pointer data;
+	OfferRefusal why;
 
+	/*
+	 * The rule this file keeps: a step is offered only once the commit that
+	 * led to it is done, so never from inside a transaction (a batch that
+	 * rolls back would leave a step offered that its flow's rows do not
+	 * have).
+	 */
+	if (IsTransactionState())
+		elog(ERROR, "dwarf: step of task \"%s\" of flow " INT64_FORMAT " offered inside a transaction",
+			 spec->task, spec->key.flow_id);
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 	offer = hash_search(OfferTable, &spec->key, HASH_FIND, NULL);
 	if (offer && offer->visits == spec->visits && offer->attempt == spec->attempt &&
 		offer->state != OFFER_EXPIRED)
 	{
 		LWLockRelease(Offers->lock);
-		return true;
+		return OFFERED;
 	}
 	if (offer)
 		RemoveOffer(offer, offer->state == OFFER_ANSWERING ? LEASE_ANSWERED : LEASE_EXPIRED);
-	queue = FindQueue(spec->queue, true);
-	if (queue == NULL ||
-		Offers->bytes + len > (Size) dwarf_external_memory * 1024)
+	why = RoleShare(spec->owner, len);
+	if (why != OFFERED)
 	{
 		LWLockRelease(Offers->lock);
-		return false;
+		return why;
+	}
+	queue = FindQueue(spec->queue, true);
+	if (queue == NULL)
+	{
+		LWLockRelease(Offers->lock);
+		return OFFER_NO_QUEUE;
+	}
+	if (Offers->bytes + len > (Size) dwarf_external_memory * 1024)
+	{
+		DropQueueIfUnused(queue);
+		LWLockRelease(Offers->lock);
+		return OFFER_NO_MEMORY;
 	}
 	data = dsa_allocate_extended(area, len, DSA_ALLOC_NO_OOM | DSA_ALLOC_HUGE);
 	if (!DsaPointerIsValid(data))
 	{
+		DropQueueIfUnused(queue);
 		LWLockRelease(Offers->lock);
-		return false;
+		return OFFER_NO_MEMORY;
 	}
 	offer = hash_search(OfferTable, &spec->key, HASH_ENTER_NULL, &found);
-	if (offer == NULL)
+	if (offer == NULL || !CountRole(spec->owner, 1, len))
 	{
+		if (offer)
+			hash_search(OfferTable, &spec->key, HASH_REMOVE, NULL);
 		dsa_free(area, data);
+		DropQueueIfUnused(queue);
 		LWLockRelease(Offers->lock);
-		return false;
+		return OFFER_FULL;
 	}
+	queue->noffers++;
 	offer->state = OFFER_READY;
 	offer->visits = spec->visits;
 	offer->attempt = spec->attempt;
@@ -423,46 +594,167 @@ OfferPublish(const OfferSpec *spec)
 	dlist_push_tail(&queue->ready, &offer->in_queue);
 	if (offer->nlimits > 0)
 		queue->nlimited++;
+	ConditionVariableBroadcast(&queue->cv);	/* under the lock: the queue stays */
 	LWLockRelease(Offers->lock);
 	OwnOffers = true;			/* for the worker's sweeps, until one finds none */
-	ConditionVariableBroadcast(&queue->cv);
-	return true;
+	return OFFERED;
 }
 
-/* Withdraws the offer of a step (its flow closed, or the step moved on). */
-void
-OfferWithdraw(const OfferKey *key, LeaseEnd why)
+/*
+ * A withdrawal asked for while a transaction is open (a batch recording an
+ * answer, or closing a flow): done when that transaction commits, dropped
+ * when it aborts (OffersXactCallback), so that a batch that rolls back
+ * leaves every offer and lease as its flows' rows still say.
+ */
+typedef struct PendingWithdrawal
+{
+	OfferKey	key;			/* token_id -1: every offer of the flow */
+	int32		visits;			/* of the step answered; -1: any */
+	int32		attempt;
+	LeaseEnd	why;
+	int			level;			/* the transaction nest level that asked */
+} PendingWithdrawal;
+
+static List *PendingWithdrawals = NIL;
+
+/* Withdraws now (under the lock, exclusive) what w names. */
+static void
+ApplyWithdrawal(const PendingWithdrawal *w)
 {
 	Offer	   *offer;
 
+	if (w->key.token_id >= 0)
+	{
+		offer = hash_search(OfferTable, &w->key, HASH_FIND, NULL);
+		if (offer && (w->visits < 0 ||
+					  (offer->visits == w->visits && offer->attempt == w->attempt)))
+			RemoveOffer(offer, w->why);
+	}
+	else
+	{
+		HASH_SEQ_STATUS seq;
+
+		hash_seq_init(&seq, OfferTable);
+		while ((offer = hash_seq_search(&seq)) != NULL)
+			if (offer->key.dboid == w->key.dboid && offer->key.flow_id == w->key.flow_id)
+				RemoveOffer(offer, w->why);
+	}
+}
+
+/*
+ * At the end of the transaction that asked for withdrawals: done at its
+ * commit (the transaction is committed and visible by then), forgotten at
+ * its abort.  Nothing here can fail but a broken lock.
+ */
+static void
+OffersXactCallback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	if (PendingWithdrawals == NIL)
+		return;
+	if (event == XACT_EVENT_COMMIT)
+	{
+		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+		foreach(lc, PendingWithdrawals)
+			ApplyWithdrawal(lfirst(lc));
+		LWLockRelease(Offers->lock);
+	}
+	else if (event != XACT_EVENT_ABORT)
+		return;
+	list_free_deep(PendingWithdrawals);
+	PendingWithdrawals = NIL;
+}
+
+/* A subtransaction's withdrawals go with it: to its parent, or away. */
+static void
+OffersSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+					  SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	ListCell   *lc;
+
+	if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	foreach(lc, PendingWithdrawals)
+	{
+		PendingWithdrawal *w = lfirst(lc);
+
+		if (w->level < level)
+			continue;
+		if (event == SUBXACT_EVENT_COMMIT_SUB)
+			w->level = level - 1;
+		else
+		{
+			PendingWithdrawals = foreach_delete_current(PendingWithdrawals, lc);
+			pfree(w);
+		}
+	}
+}
+
+/*
+ * Withdraws now, outside a transaction, or at the commit of the one open:
+ * an offer is withdrawn only once what ends it is committed.
+ */
+static void
+Withdraw(const OfferKey *key, int32 visits, int32 attempt, LeaseEnd why)
+{
+	PendingWithdrawal w;
+
+	w.key = *key;
+	w.visits = visits;
+	w.attempt = attempt;
+	w.why = why;
+	w.level = GetCurrentTransactionNestLevel();
+	if (IsTransactionState())
+	{
+		static bool registered = false;
+		MemoryContext old;
+		PendingWithdrawal *copy;
+
+		if (!registered)
+		{
+			RegisterXactCallback(OffersXactCallback, NULL);
+			RegisterSubXactCallback(OffersSubXactCallback, NULL);
+			registered = true;
+		}
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		copy = palloc(sizeof(PendingWithdrawal));
+		*copy = w;
+		PendingWithdrawals = lappend(PendingWithdrawals, copy);
+		MemoryContextSwitchTo(old);
+		return;
+	}
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
-	offer = hash_search(OfferTable, key, HASH_FIND, NULL);
-	if (offer)
-		RemoveOffer(offer, why);
+	ApplyWithdrawal(&w);
 	LWLockRelease(Offers->lock);
 }
 
 /*
- * Withdraws every offer of a flow that closed or was cancelled.  A scan of
+ * Withdraws the offer of a step that was answered (visits and attempt), at
+ * the commit that records the answer.
+ */
+void
+OfferWithdraw(const OfferKey *key, int32 visits, int32 attempt, LeaseEnd why)
+{
+	Withdraw(key, visits, attempt, why);
+}
+
+/*
+ * Withdraws every offer of a flow that closed or was cancelled, at the
+ * commit that closes it (now, when the close committed already).  A scan of
  * all offers: for the rare flow that closes with steps still offered.
  */
-int
+void
 OfferWithdrawFlow(Oid dboid, int64 flow_id)
 {
-	HASH_SEQ_STATUS seq;
-	Offer	   *offer;
-	int			n = 0;
+	OfferKey	key;
 
-	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
-	hash_seq_init(&seq, OfferTable);
-	while ((offer = hash_seq_search(&seq)) != NULL)
-		if (offer->key.dboid == dboid && offer->key.flow_id == flow_id)
-		{
-			RemoveOffer(offer, LEASE_WITHDRAWN);
-			n++;
-		}
-	LWLockRelease(Offers->lock);
-	return n;
+	memset(&key, 0, sizeof(key));
+	key.dboid = dboid;
+	key.flow_id = flow_id;
+	key.token_id = -1;
+	Withdraw(&key, -1, -1, LEASE_WITHDRAWN);
 }
 
 /*
@@ -490,13 +782,18 @@ OfferAnswered(const OfferKey *key, int32 visits, int32 attempt)
  * (ExpiredLeases, for the worker to record the failed attempts); answers
  * whose transaction rolled back give the lease back; leases ended long ago
  * are forgotten.  An offer whose flow the worker has not held (held) for
- * DWARF_ABSENT_SWEEPS sweeps in a row is withdrawn: its flow closed or was
- * cancelled while out of memory (a flow with offered steps is not evicted).
- * *next_due is the soonest lease end to come (0: none).
+ * DWARF_ABSENT_SWEEPS sweeps in a row has its flow's id added to *absent
+ * (again every DWARF_ABSENT_SWEEPS sweeps): a flow with offered steps is
+ * not evicted, so it closed or was cancelled while out of memory, or it
+ * waits to be loaded (after a restart, behind many others).  The worker
+ * looks each up and withdraws the offers of those that closed
+ * (OfferWithdrawFlow); nothing is withdrawn here, so that a lease is kept
+ * until it runs out or its flow really closes.  *next_due is the soonest
+ * lease end to come (0: none).
  */
 List *
 OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
-			TimestampTz *next_due)
+			TimestampTz *next_due, List **absent)
 {
 	HASH_SEQ_STATUS seq;
 	Offer	   *offer;
@@ -504,6 +801,7 @@ OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
 	List	   *expired = NIL;
 
 	*next_due = 0;
+	*absent = NIL;
 	OwnOffers = false;
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 	hash_seq_init(&seq, OfferTable);
@@ -520,10 +818,13 @@ OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
 		}
 		if (held(offer->key.flow_id))
 			offer->absent = 0;
-		else if (offer->state != OFFER_ANSWERING && ++offer->absent >= DWARF_ABSENT_SWEEPS)
+		else if (++offer->absent >= DWARF_ABSENT_SWEEPS)
 		{
-			RemoveOffer(offer, LEASE_WITHDRAWN);
-			continue;
+			int64	   *id = palloc(sizeof(int64));
+
+			*id = offer->key.flow_id;
+			*absent = lappend(*absent, id);
+			offer->absent = 0;
 		}
 		if (offer->state != OFFER_LEASED)
 			continue;
@@ -787,8 +1088,16 @@ OffersClaim(const char *queue_name, int max, int64 lease_us, Oid *owners, int no
 	return claimed;
 }
 
-/* The queue a claim sleeps on, while it does. */
+/* The queue a claim sleeps on, while it does, and its condition variable. */
+static OfferQueue *SleepingQueue = NULL;
 static ConditionVariable *Sleeping = NULL;
+
+/* At exit: a claim that an error ended leaves no waiter on its queue. */
+static void
+OffersWaitAtExit(int code, Datum arg)
+{
+	OffersCancelWait();
+}
 
 /*
  * Waits until a step is offered on queue, or until until: true when woken
@@ -805,14 +1114,25 @@ OffersWait(const char *queue_name, TimestampTz until)
 
 	if (Sleeping == NULL)
 	{
+		static bool registered = false;
+
+		if (!registered)
+		{
+			/* a claim ended by an error is forgotten by the next, or at exit */
+			before_shmem_exit(OffersWaitAtExit, (Datum) 0);
+			registered = true;
+		}
 		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 		queue = FindQueue(queue_name, true);
+		if (queue)
+			queue->nwaiting++;
 		LWLockRelease(Offers->lock);
 		if (queue == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 					 errmsg("too many queues of external tasks to wait on queue \"%s\"", queue_name),
 					 errdetail("A server keeps at most %d queues.", DWARF_MAX_QUEUES)));
+		SleepingQueue = queue;
 		Sleeping = &queue->cv;
 		ConditionVariablePrepareToSleep(Sleeping);
 		return true;
@@ -836,18 +1156,60 @@ OffersWatch(const char *queue_name)
 
 	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
 	queue = FindQueue(queue_name, true);
+	if (queue)
+		queue->watched = true;	/* never dropped: this process keeps its address */
 	LWLockRelease(Offers->lock);
 	if (queue)
 		ConditionVariablePrepareToSleep(&queue->cv);
 }
 
-/* Ends a claim's wait (done, or an error). */
+/*
+ * Ends a claim's wait (done, or an error); its queue goes if nothing else
+ * uses it (a claim on a name no task has).
+ */
 void
 OffersCancelWait(void)
 {
 	if (Sleeping)
 		ConditionVariableCancelSleep();
 	Sleeping = NULL;
+	if (SleepingQueue)
+	{
+		LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+		SleepingQueue->nwaiting--;
+		DropQueueIfUnused(SleepingQueue);
+		LWLockRelease(Offers->lock);
+		SleepingQueue = NULL;
+	}
+}
+
+/*
+ * Frees what a dropped database held: its offers (their leases end as
+ * withdrawn) and its queues.  The launcher calls it once the database's
+ * workers have stopped.
+ */
+void
+OffersForgetDatabase(Oid dboid)
+{
+	HASH_SEQ_STATUS seq;
+	Offer	   *offer;
+	OfferQueue *queue;
+	Lease	   *lease;
+
+	LWLockAcquire(Offers->lock, LW_EXCLUSIVE);
+	hash_seq_init(&seq, OfferTable);
+	while ((offer = hash_seq_search(&seq)) != NULL)
+		if (offer->key.dboid == dboid)
+			RemoveOffer(offer, LEASE_WITHDRAWN);
+	hash_seq_init(&seq, QueueTable);
+	while ((queue = hash_seq_search(&seq)) != NULL)
+		if (queue->key.dboid == dboid && queue->noffers == 0)
+			hash_search(QueueTable, &queue->key, HASH_REMOVE, NULL);
+	hash_seq_init(&seq, LeaseTable);	/* no worker of it sweeps them now */
+	while ((lease = hash_seq_search(&seq)) != NULL)
+		if (lease->key.dboid == dboid)
+			hash_search(LeaseTable, &lease->lease, HASH_REMOVE, NULL);
+	LWLockRelease(Offers->lock);
 }
 
 /* Fills info from an offer. */

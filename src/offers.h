@@ -128,11 +128,22 @@ extern void OffersShmemRequest(void);
 extern void OffersShmemStartup(void);
 
 /* the flow's worker */
-extern bool OfferPublish(const OfferSpec *spec);
-extern void OfferWithdraw(const OfferKey *key, LeaseEnd why);
-extern int	OfferWithdrawFlow(Oid dboid, int64 flow_id);
+/* What became of an offer (OfferPublish). */
+typedef enum OfferRefusal
+{
+	OFFERED = 0,
+	OFFER_PAST_SHARE,			/* its owner holds its share of the pool */
+	OFFER_PAST_MEMORY_SHARE,	/* ... its share of dwarf.external_memory */
+	OFFER_FULL,					/* dwarf.max_external_steps steps are offered */
+	OFFER_NO_MEMORY,			/* the inputs fill dwarf.external_memory */
+	OFFER_NO_QUEUE				/* too many queues */
+} OfferRefusal;
+
+extern OfferRefusal OfferPublish(const OfferSpec *spec);
+extern void OfferWithdraw(const OfferKey *key, int32 visits, int32 attempt, LeaseEnd why);
+extern void OfferWithdrawFlow(Oid dboid, int64 flow_id);
 extern List *OffersSweep(int worker_index, TimestampTz now, bool (*held) (int64 flow_id),
-						 TimestampTz *next_due);
+						 TimestampTz *next_due, List **absent);
 extern bool OffersPending(void);
 extern bool OffersAnsweredPending(void);
 extern List *OffersTakeAnswered(int worker_index);
@@ -156,6 +167,7 @@ extern List *OffersClaim(const char *queue, int max, int64 lease_us, Oid *owners
 extern bool OffersWait(const char *queue, TimestampTz until);
 extern void OffersWatch(const char *queue);
 extern void OffersCancelWait(void);
+extern void OffersForgetDatabase(Oid dboid);
 extern LeaseEnd LeaseBeginAnswer(int64 lease, TransactionId xid, LeaseInfo *info);
 extern LeaseEnd LeaseLookup(int64 lease, LeaseInfo *info);
 extern List *OffersList(const char *queue);

@@ -4,14 +4,18 @@
  *
  * Ready steps run lower priority first, across all the workers of a
  * database (each publishes its best ready priority in shared memory).
- * Within a priority, steps are served by virtual time per fairness key, so
- * keys share the worker in proportion to their weights; then first come,
- * first served.  Each owner role has a ready queue of its own, since a
- * batch runs one role's steps (session.c): a batch takes the role whose
- * next step comes first by that order, and then that role's steps while
- * no other role's come before them by priority.  Steps due later (sleep, retry backoff) wait on a timer
- * heap, earliest first, and cost nothing until they come due.  (A flow that
- * sleeps for long is not in memory at all: sleepers.c.)  A step of an
+ * Within a priority, roles take turns, and within a role its fairness keys
+ * do.  Each owner role has a ready queue of its own, since a batch runs one
+ * role's steps (session.c), and a virtual clock: a batch takes the role
+ * whose clock is least (each step it ran put it one further on), and then
+ * that role's steps while no other role's come before them by priority.
+ * On a role's queue, steps are served by virtual time per fairness key, so
+ * the role's keys share its turns in proportion to their weights; then
+ * first come, first served.  However many keys a role uses, they cost
+ * another role nothing, and each costs O(log n) on its role's heap.
+ * Steps due later (sleep, retry backoff) wait on a timer heap, earliest
+ * first, and cost nothing until they come due.  (A flow that sleeps for
+ * long is not in memory at all: sleepers.c.)  A step of an
  * external task is on neither: it is offered to claims in shared memory
  * (offers.c) as soon as it may run.
  */
@@ -23,6 +27,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "shmem.h"
 #include "flowrun.h"
 #include "limits.h"
@@ -45,6 +50,9 @@ typedef struct OwnerQueue
 	Oid			owner;			/* hash key */
 	pairingheap *ready;
 	dlist_node	busy;			/* in Busy while ready is not empty */
+	double		pass;			/* the role's virtual clock: its turns so far */
+	double		key_time;		/* vtime of its last step run: where its
+								 * fairness keys' clocks start */
 } OwnerQueue;
 
 static HTAB *Owners = NULL;
@@ -52,7 +60,7 @@ static dlist_head Busy = DLIST_STATIC_INIT(Busy);
 static pairingheap *Timers = NULL;	/* tokens due later, earliest first */
 static int	NTimers = 0;		/* on Timers */
 static HTAB *FairKeys = NULL;
-static double VirtualTime = 0;	/* vtime of the last entry run */
+static double OwnerTime = 0;	/* the role clock where the last step ran */
 static uint64 ReadySeq = 0;
 
 static int
@@ -68,11 +76,11 @@ ReadyCompare(const pairingheap_node *a, const pairingheap_node *b, void *arg)
 	return x->seq < y->seq ? 1 : (x->seq > y->seq ? -1 : 0);
 }
 
-/* Puts an entry on the ready queue, charging its fairness key. */
+/* Puts an entry on its role's ready queue, charging its fairness key. */
 static void
 MakeReady(ReadyEntry *entry)
 {
-	entry->fair->pass = Max(entry->fair->pass, VirtualTime) + 1.0 / entry->weight;
+	entry->fair->pass = Max(entry->fair->pass, entry->queue->key_time) + 1.0 / entry->weight;
 	entry->vtime = entry->fair->pass;
 	if (pairingheap_is_empty(entry->queue->ready))
 		dlist_push_tail(&Busy, &entry->queue->busy);
@@ -93,6 +101,8 @@ GetOwnerQueue(Oid owner)
 		MemoryContext old = MemoryContextSwitchTo(Worker.context);
 
 		queue->ready = pairingheap_allocate(ReadyCompare, NULL);
+		queue->pass = OwnerTime;
+		queue->key_time = 0;
 		MemoryContextSwitchTo(old);
 	}
 	return queue;
@@ -106,8 +116,30 @@ Head(OwnerQueue *queue)
 }
 
 /*
- * The queue whose next step comes first of all, or NULL when no step is
- * ready; with other, the best priority among the other queues' next steps.
+ * Does queue a's turn come before queue b's?  The better priority of their
+ * next steps first, then the role whose clock is least (a role that had no
+ * step ready starts at the clock of the last step run: it gets no credit
+ * for its idle time), then the step that came first.
+ */
+static bool
+QueueBefore(OwnerQueue *a, OwnerQueue *b)
+{
+	ReadyEntry *x = Head(a);
+	ReadyEntry *y = Head(b);
+	double		xpass = Max(a->pass, OwnerTime);
+	double		ypass = Max(b->pass, OwnerTime);
+
+	if (x->priority != y->priority)
+		return x->priority < y->priority;
+	if (xpass != ypass)
+		return xpass < ypass;
+	return x->seq < y->seq;
+}
+
+/*
+ * The queue whose turn comes first of all, or NULL when no step is ready;
+ * with other, the best priority among the other queues' next steps.  There
+ * are as many queues to look at as roles with ready steps.
  */
 static OwnerQueue *
 BestQueue(int32 *other)
@@ -121,7 +153,7 @@ BestQueue(int32 *other)
 	{
 		OwnerQueue *queue = dlist_container(OwnerQueue, busy, iter.cur);
 
-		if (best == NULL || ReadyCompare(&Head(queue)->ph, &Head(best)->ph, NULL) > 0)
+		if (best == NULL || QueueBefore(queue, best))
 		{
 			if (best && other)
 				*other = Min(*other, Head(best)->priority);
@@ -134,22 +166,22 @@ BestQueue(int32 *other)
 }
 
 /*
- * The fairness class of a flow's steps: its owner's, and within the owner's,
- * its fairness key's.  Classes share the worker by weight, so one role's
- * backlog (a fork bomb, a burst of a million creates) queues behind its own
- * steps, not before another role's.
+ * The fairness class of a flow's steps within its owner's turns: its
+ * fairness key's.  Keys share their role's turns by weight, so one role's
+ * backlog (a fork bomb, a burst of a million creates, a key a flow) queues
+ * behind its own steps, and takes no turn of another role's.
  */
 static FairKey *
-GetFairKey(Oid owner, const char *key)
+GetFairKey(OwnerQueue *queue, const char *key)
 {
 	char		name[NAMEDATALEN] = {0};
 	FairKey    *fair;
 	bool		found;
 
-	snprintf(name, NAMEDATALEN, "%u:%s", owner, key ? key : "");
+	snprintf(name, NAMEDATALEN, "%u:%s", queue->owner, key ? key : "");
 	fair = hash_search(FairKeys, name, HASH_ENTER, &found);
 	if (!found)
-		fair->pass = VirtualTime;
+		fair->pass = queue->key_time;
 	return fair;
 }
 
@@ -173,10 +205,50 @@ NewReadyEntry(FlowRun *flow, Token *token)
 	entry->priority = flow->priority;
 	entry->seq = ReadySeq++;
 	entry->due = token->due;
-	entry->fair = GetFairKey(flow->owner, flow->fairness_key);
 	entry->queue = GetOwnerQueue(flow->owner);
+	entry->fair = GetFairKey(entry->queue, flow->fairness_key);
 	entry->weight = Max(flow->fairness_weight, 1);
 	return entry;
+}
+
+/*
+ * Says why steps of external tasks wait for room to be offered: once per
+ * DWARF_LOG_EVERY_MS for the worker (lograte.h), with how many were
+ * refused since, naming the setting (a backlog of 100,000 steps retried
+ * each second must not write a line each).
+ */
+static void
+SayNoRoom(OfferRefusal why, const char *task, FlowRun *flow)
+{
+	static LogRate no_room;
+	int64		n;
+	int			seconds;
+	const char *hint;
+
+	if ((n = LogRateDue(&no_room, GetCurrentTimestamp(), &seconds)) == 0)
+		return;
+	switch (why)
+	{
+		case OFFER_PAST_SHARE:
+			hint = "The role holds its share of dwarf.max_external_steps (the offers are shared by the roles that have some); its other steps are offered as its offered steps are answered.";
+			break;
+		case OFFER_PAST_MEMORY_SHARE:
+			hint = "The role's offered steps hold its share of dwarf.external_memory (it is shared by the roles that have offered steps); its other steps are offered as its offered steps are answered.";
+			break;
+		case OFFER_NO_MEMORY:
+			hint = "The states of the offered steps fill dwarf.external_memory.";
+			break;
+		case OFFER_NO_QUEUE:
+			hint = "The server keeps at most 1024 queues of external tasks.";
+			break;
+		default:
+			hint = "dwarf.max_external_steps steps are offered.";
+			break;
+	}
+	ereport(LOG,
+			(errmsg("dwarf: " INT64_FORMAT " steps of external tasks wait for room to be offered (in the last %d s), among them task \"%s\" of flow " INT64_FORMAT " (owner oid %u)",
+					n, seconds, task, flow->id, flow->owner),
+			 errhint("%s", hint)));
 }
 
 /*
@@ -184,9 +256,10 @@ NewReadyEntry(FlowRun *flow, Token *token)
  * holding no process, for an answer or for its lease to run out.  Offering
  * again a step that is offered already leaves it as it stands (a flow
  * loaded again offers its waiting steps again).  Only once the commit that
- * led to the step is durable: from EnqueueRunnable (after a commit, or a
- * load), or from a batch that popped it off the ready queue.  Returns false
- * when the offers are full: the step is then due a second later.
+ * led to the step is durable, and never inside a transaction (OfferPublish
+ * checks): from EnqueueRunnable after a commit or a load, or when its
+ * timer comes due (MoveDueTimers).  Returns false when the offers are
+ * full: the step is then due a second later.
  */
 bool
 OfferExternalStep(FlowRun *flow, Token *token)
@@ -194,6 +267,7 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	GraphNode  *node = &flow->graph->nodes[token->node];
 	TimestampTz now = GetCurrentTimestamp();
 	OfferSpec	spec;
+	OfferRefusal why;
 
 	memset(&spec, 0, sizeof(spec));
 	spec.key.dboid = MyDatabaseId;
@@ -213,13 +287,11 @@ OfferExternalStep(FlowRun *flow, Token *token)
 	spec.call = node->http;
 	if (token->attempt == 1 && token->first_started == 0)
 		token->first_started = now;
-	if (!OfferPublish(&spec))
+	why = OfferPublish(&spec);
+	if (why != OFFERED)
 	{
 		token->due = now + USECS_PER_SEC;
-		ereport(LOG,
-				(errmsg("dwarf: the step of external task \"%s\" of flow " INT64_FORMAT " waits: no room to offer it",
-						node->name, flow->id),
-				 errhint("dwarf.max_external_steps steps are offered, or their states fill dwarf.external_memory.")));
+		SayNoRoom(why, node->name, flow);
 		return false;
 	}
 	token->offered = true;
@@ -302,7 +374,9 @@ UnqueueTimers(FlowRun *flow)
 }
 
 /*
- * Moves the timers that came due to the ready queue.  Returns how many
+ * Moves the timers that came due to the ready queue; an external task's
+ * step that came due is offered instead (outside any transaction: the
+ * worker's loop calls this between batches).  Returns how many
  * milliseconds until the next one, or -1 when none is waiting.
  */
 long
@@ -330,6 +404,26 @@ MoveDueTimers(void)
 		token = flow ? FlowFindToken(flow, entry->token_id) : NULL;
 		if (token && token->timer == entry)
 			token->timer = NULL;
+		else
+			token = NULL;		/* a stale entry: PopBatch drops it */
+		if (token && token->answer == NULL && flow->status == FLOW_RUNNING &&
+			flow->graph->nodes[token->node].kind != TASK_FUNCTION)
+		{
+			/* an external step is offered here, outside any transaction */
+			if (OfferExternalStep(flow, token))
+			{
+				token->queued = false;
+				pfree(entry);
+			}
+			else
+			{
+				entry->due = token->due;	/* a second later */
+				pairingheap_add(Timers, &entry->ph);
+				NTimers++;
+				token->timer = entry;
+			}
+			continue;
+		}
 		MakeReady(entry);
 	}
 	return next;
@@ -474,7 +568,9 @@ PopBatch(int max, Oid owner)
 			dlist_delete(&queue->busy);
 
 		Worker.ready_count--;
-		VirtualTime = entry->vtime;
+		queue->key_time = entry->vtime;
+		OwnerTime = Max(queue->pass, OwnerTime);	/* where this turn started */
+		queue->pass = OwnerTime + 1.0;
 		if (token && token->queued && flow->status == FLOW_RUNNING)
 		{
 			token->queued = false;

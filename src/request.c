@@ -74,7 +74,7 @@ BodySize(const RunRequest *r)
 static void
 LeaveAtExit(int code, Datum arg)
 {
-	DwarfRequest *req = &Dwarf->requests[MyProc->pgprocno];
+	DwarfRequest *req = &Dwarf->requests[GetNumberFromPGProc(MyProc)];
 
 	SpinLockAcquire(&req->mutex);
 	req->state = REQ_FREE;
@@ -216,7 +216,7 @@ RequestCreate(int64 flow_id, int32 graph_id, int32 priority, text *key, Jsonb *i
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("dwarf is not loaded through shared_preload_libraries"),
 				 errhint("Add dwarf to shared_preload_libraries and restart the server.")));
-	req = &Dwarf->requests[MyProc->pgprocno];
+	req = &Dwarf->requests[GetNumberFromPGProc(MyProc)];
 	if (!leaves_at_exit)
 	{
 		before_shmem_exit(LeaveAtExit, (Datum) 0);
@@ -267,7 +267,7 @@ RequestCreate(int64 flow_id, int32 graph_id, int32 priority, text *key, Jsonb *i
 			 * its place: a worker that exits gives back what it took.
 			 */
 			if (state == REQ_SUBMITTED && owner_pid != 0 && owner_pid != told &&
-				DwarfPushNote(owner, MyProc->pgprocno, NOTE_RUN_REQUEST))
+				DwarfPushNote(owner, GetNumberFromPGProc(MyProc), NOTE_RUN_REQUEST))
 				told = owner_pid;
 			if (state == REQ_TAKEN && !WorkerRuns(taker))
 			{

@@ -351,12 +351,12 @@ OpenTable(RowTable *t)
 		ExecOpenIndices(t->rri, false);
 	t->pkey = NULL;
 	for (i = 0; i < t->rri->ri_NumIndices; i++)
-		if (RelationGetRelid(t->rri->ri_IndexRelationDescs[i]) == RelationGetPrimaryKeyIndex(t->rel))
+		if (RelationGetRelid(t->rri->ri_IndexRelationDescs[i]) == RelationGetPrimaryKeyIndex(t->rel, false))
 			t->pkey = t->rri->ri_IndexRelationDescs[i];
 	t->slot = table_slot_create(t->rel, NULL);
 	t->old = table_slot_create(t->rel, NULL);
 	FindShape(t);
-	t->rri->ri_ConstraintExprs = t->checks;	/* NULL: ExecConstraints makes them */
+	t->rri->ri_CheckConstraintExprs = t->checks;	/* NULL: ExecConstraints makes them */
 	CurrentResourceOwner = owner;
 	MemoryContextSwitchTo(old);
 	return t;
@@ -474,7 +474,8 @@ InsertSlot(RowTable *t)
 	if (t->rel->rd_att->constr)
 		ExecConstraints(t->rri, t->slot, RowsState);
 	table_tuple_insert(t->rel, t->slot, GetCurrentCommandId(true), 0, NULL);
-	recheck = ExecInsertIndexTuples(t->rri, t->slot, RowsState, false, false, NULL, NIL);
+	recheck = ExecInsertIndexTuples(t->rri, t->slot, RowsState, false, false, NULL, NIL,
+									false);
 	list_free(recheck);
 	ResetPerTupleExprContext(RowsState);
 }
@@ -760,6 +761,7 @@ WritePacks(void)
 		if (Steps.rel->rd_rel->relkind == RELKIND_PARTITIONED_TABLE)
 		{
 			ResourceOwner owner = CurrentResourceOwner;
+			TupleConversionMap *map;
 
 			if (StepsRouting == NULL)
 				SetUpRouting();
@@ -767,9 +769,9 @@ WritePacks(void)
 			CurrentResourceOwner = TopTransactionResourceOwner;
 			rri = ExecFindPartition(StepsRoutingState, Steps.rri, StepsRouting, slot, RowsState);
 			CurrentResourceOwner = owner;
-			if (rri->ri_RootToPartitionMap)
-				slot = execute_attr_map_slot(rri->ri_RootToPartitionMap->attrMap, slot,
-											 rri->ri_PartitionTupleSlot);
+			map = ExecGetRootToChildMap(rri, RowsState);
+			if (map)
+				slot = execute_attr_map_slot(map->attrMap, slot, rri->ri_PartitionTupleSlot);
 		}
 		if (rri->ri_RelationDesc->rd_att->constr)
 			ExecConstraints(rri, slot, RowsState);
@@ -794,7 +796,7 @@ WritePacks(void)
 			for (i = 0; i < batch->n; i++)
 			{
 				list_free(ExecInsertIndexTuples(batch->rri, batch->slots[i], RowsState,
-												false, false, NULL, NIL));
+												false, false, NULL, NIL, false));
 				ResetPerTupleExprContext(RowsState);
 			}
 		for (i = 0; i < batch->n; i++)
@@ -1190,7 +1192,7 @@ RowsCloseFlow(int64 id, bool completed, Jsonb *state, const char *error)
 	int			natts = RelationGetDescr(t->rel)->natts;
 	TM_FailureData tmfd;
 	LockTupleMode lockmode;
-	bool		update_indexes;
+	TU_UpdateIndexes update_indexes;
 	TM_Result	result;
 
 	if (t->pkey == NULL)
@@ -1200,7 +1202,7 @@ RowsCloseFlow(int64 id, bool completed, Jsonb *state, const char *error)
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
-	scan = index_beginscan(t->rel, t->pkey, snapshot, 1, 0);
+	scan = index_beginscan(t->rel, t->pkey, snapshot, NULL, 1, 0);
 	index_rescan(scan, &key, 1, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, t->old);
 	index_endscan(scan);
@@ -1233,8 +1235,9 @@ RowsCloseFlow(int64 id, bool completed, Jsonb *state, const char *error)
 								snapshot, InvalidSnapshot, true, &tmfd, &lockmode,
 								&update_indexes);
 	UnregisterSnapshot(snapshot);
-	if (result == TM_Ok && update_indexes)
-		list_free(ExecInsertIndexTuples(t->rri, t->slot, RowsState, true, false, NULL, NIL));
+	if (result == TM_Ok && CompatUpdateIndexes(update_indexes))
+		list_free(ExecInsertIndexTuples(t->rri, t->slot, RowsState, true, false, NULL, NIL,
+										CompatOnlySummarizing(update_indexes)));
 	ExecClearTuple(t->slot);
 	ExecClearTuple(t->old);
 	ResetPerTupleExprContext(RowsState);

@@ -171,8 +171,8 @@ TempNamespaceInUse(void)
 static int
 CountPlaceholders(void)
 {
-	struct config_generic **settings = get_guc_variables();
-	int			n = GetNumConfigOptions();
+	int			n;
+	struct config_generic **settings = CompatSettings(&n);
 	int			count = 0;
 	int			i;
 
@@ -208,7 +208,7 @@ SessionInit(void)
 {
 	(void) dl_iterate_phdr(NoteLibrary, NULL);
 	LoadsSeen = Loads();
-	SettingsSeen = GetNumConfigOptions();
+	SettingsSeen = CompatNumSettings();
 	PlaceholdersSeen = CountPlaceholders();
 	SettingsContext = AllocSetContextCreate(TopMemoryContext, "dwarf role settings",
 											ALLOCSET_SMALL_SIZES);
@@ -232,13 +232,13 @@ NewProcessState(void)
 			return psprintf("library \"%s\"", library);
 		LoadsSeen = loads;
 	}
-	if (GetNumConfigOptions() != SettingsSeen)
+	if (CompatNumSettings() != SettingsSeen)
 	{
 		int			placeholders = CountPlaceholders();
 
 		if (placeholders > PlaceholdersSeen)
 			return "a custom setting";
-		SettingsSeen = GetNumConfigOptions();	/* plpgsql defined its own */
+		SettingsSeen = CompatNumSettings();	/* plpgsql defined its own */
 		PlaceholdersSeen = placeholders;
 	}
 	if (TempNamespaceInUse())
@@ -428,9 +428,9 @@ ApplyOwnerSettings(void)
 	 * defined, as '', for every role after it.  It is no state of the role's
 	 * to hide: pg_db_role_setting shows its name to everyone.
 	 */
-	if (GetNumConfigOptions() != SettingsSeen)
+	if (CompatNumSettings() != SettingsSeen)
 	{
-		SettingsSeen = GetNumConfigOptions();
+		SettingsSeen = CompatNumSettings();
 		PlaceholdersSeen = CountPlaceholders();
 	}
 }

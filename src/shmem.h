@@ -192,6 +192,15 @@ typedef struct DwarfShared
 	DwarfRunnerSlot runners[DWARF_MAX_RUNNERS];
 	DwarfLendWaits lend_waits[DWARF_MAX_WORKERS];	/* under mutex */
 
+	/*
+	 * Runners that could really start, as last seen (lend.c): how many were
+	 * in use when a runner's background worker could not be registered
+	 * (max_worker_processes was short), seen at runner_room_at (0: no
+	 * failure lately, dwarf.max_runners holds).  Under mutex.
+	 */
+	int			runner_room;
+	TimestampTz runner_room_at;
+
 	slock_t		slow_mutex;
 	pg_atomic_uint32 slow_epoch;	/* bumped at every change of slow[] */
 	DwarfSlowTask slow[DWARF_SLOW_TASKS];

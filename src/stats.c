@@ -1024,7 +1024,7 @@ dwarf_stats_reset(PG_FUNCTION_ARGS)
 	HASH_SEQ_STATUS seq;
 	StatsEntry *e;
 
-	if (!superuser() && !pg_extension_ownercheck(extension, GetUserId()))
+	if (!superuser() && !object_ownercheck(ExtensionRelationId, extension, GetUserId()))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied for dwarf.stats_reset"),

@@ -43,6 +43,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "graph.h"
 #include "flowrun.h"
 #include "json.h"
@@ -354,14 +355,14 @@ CallTask(FlowRun *flow, Token *token, StepContext *ctx, TimestampTz started, boo
 					 errmsg("the role that created flow " INT64_FORMAT " was dropped", flow->id),
 					 errdetail("A flow's tasks run as the role that created it (OID %u).", flow->owner)));
 
-		if (pg_namespace_aclcheck(nsp, flow->owner, ACL_USAGE) != ACLCHECK_OK)
+		if (object_aclcheck(NamespaceRelationId, nsp, flow->owner, ACL_USAGE) != ACLCHECK_OK)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 					 errmsg("permission denied for schema %s of task \"%s\"",
 							get_namespace_name(nsp), node->name),
 					 errdetail("The flow runs as role %s, which has no USAGE on that schema.",
 							   GetUserNameFromId(flow->owner, true))));
-		if (pg_proc_aclcheck(node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		if (object_aclcheck(ProcedureRelationId, node->fn, flow->owner, ACL_EXECUTE) != ACLCHECK_OK)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 					 errmsg("permission denied for function %s of task \"%s\"",
@@ -495,6 +496,10 @@ DeferStep(FlowRun *flow, Token *token, ErrorData *edata)
 	Deferral   *d;
 	bool		found;
 	int64		delay_ms;
+	static LogRate deferred;
+	TimestampTz now;
+	int64		n;
+	int			seconds;
 
 	if (Deferrals == NULL)
 	{
@@ -516,12 +521,15 @@ DeferStep(FlowRun *flow, Token *token, ErrorData *edata)
 	d = hash_search(Deferrals, &key, HASH_ENTER, &found);
 	d->times = found ? d->times + 1 : 1;
 	delay_ms = Min((int64) DWARF_DEFER_FIRST_MS << Min(d->times - 1, 16), DWARF_DEFER_MAX_MS);
-	token->due = GetCurrentTimestamp() + delay_ms * 1000;
-	ereport(LOG,
-			(errmsg("dwarf: task \"%s\" of flow " INT64_FORMAT " met a server error, running it again in " INT64_FORMAT " ms: %s",
-					flow->graph->nodes[token->node].name, flow->id, delay_ms, edata->message),
-			 errdetail("SQLSTATE %s is the server's trouble, not the task's: the step is not failed.",
-					   unpack_sql_state(edata->sqlerrcode))));
+	now = GetCurrentTimestamp();
+	token->due = now + delay_ms * 1000;
+	if ((n = LogRateDue(&deferred, now, &seconds)) > 0)
+		ereport(LOG,
+				(errmsg("dwarf: task \"%s\" of flow " INT64_FORMAT " met a server error, running it again in " INT64_FORMAT " ms: %s%s",
+						flow->graph->nodes[token->node].name, flow->id, delay_ms, edata->message,
+						LogRateCount(n, seconds)),
+				 errdetail("SQLSTATE %s is the server's trouble, not the task's: the step is not failed.",
+						   unpack_sql_state(edata->sqlerrcode))));
 }
 
 /* A step that ran (or failed on its own) is no longer put off. */
@@ -542,32 +550,41 @@ static void
 ReportStop(FlowRun *flow, int node, TaskStop stopped, TimestampTz started)
 {
 	const char *task = flow->graph->nodes[node].name;
+	static LogRate long_steps;
+	static LogRate cancels;
+	TimestampTz now = GetCurrentTimestamp();
+	int64		n;
+	int			seconds;
 
 	if (stopped == STOP_PREEMPTED)
 	{
-		NoteTaskTime(&flow->graph->nodes[node], GetCurrentTimestamp() - started);
-		ereport(LOG,
-				(errmsg("dwarf: task \"%s\" of flow " INT64_FORMAT " ran past dwarf.long_step (%d ms) in a worker; its step runs again in a runner",
-						task, flow->id, dwarf_long_step),
-				 errdetail("The step was rolled back; nothing of it is kept.")));
+		NoteTaskTime(&flow->graph->nodes[node], now - started);
+		if ((n = LogRateDue(&long_steps, now, &seconds)) > 0)
+			ereport(LOG,
+					(errmsg("dwarf: task \"%s\" of flow " INT64_FORMAT " ran past dwarf.long_step (%d ms) in a worker; its step runs again in a runner%s",
+							task, flow->id, dwarf_long_step, LogRateCount(n, seconds)),
+					 errdetail("The step was rolled back; nothing of it is kept.")));
 	}
-	else if (stopped == STOP_CANCELLED)
+	else if (stopped == STOP_CANCELLED &&
+			 (n = LogRateDue(&cancels, now, &seconds)) > 0)
 		ereport(LOG,
-				(errmsg("dwarf: the running step of task \"%s\" of flow " INT64_FORMAT " was stopped: its flow was cancelled",
-						task, flow->id)));
+				(errmsg("dwarf: the running step of task \"%s\" of flow " INT64_FORMAT " was stopped: its flow was cancelled%s",
+						task, flow->id, LogRateCount(n, seconds))));
 }
 
 /* ---------- steps of external tasks ---------- */
 
 /*
- * A step of an external task that came through the ready queue (its retry
- * backoff ran out, say) is offered to claims (OfferExternalStep, queue.c);
- * when the offers are full, it is put off for a second.
+ * A step of an external task with no answer yet is not offered inside a
+ * batch's transaction (offers.c refuses it): it is put back, and its flow,
+ * queued again after the commit or reloaded after a rollback, offers it
+ * then (EnqueueRunnable).  MoveDueTimers offers such steps whose backoff
+ * ran out before they reach a batch; this is for any other way in.
  */
 static StepResult
 OfferStep(FlowRun *flow, Token *token)
 {
-	return OfferExternalStep(flow, token) ? STEP_OFFERED : STEP_DEFERRED;
+	return STEP_DEFERRED;
 }
 
 /* The error document of an external step's failed attempt. */
@@ -692,7 +709,7 @@ RecordAnswer(FlowRun *flow, Token *token, bool isolated)
 	key.dboid = MyDatabaseId;
 	key.flow_id = flow->id;
 	key.token_id = token_id;
-	OfferWithdraw(&key, LEASE_ANSWERED);
+	OfferWithdraw(&key, visits, attempt, LEASE_ANSWERED);
 	return result;
 }
 

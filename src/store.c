@@ -47,11 +47,26 @@
 #include "stats.h"
 #include "worker.h"
 
+/*
+ * A compiled graph version in the worker's cache.  One that a loaded flow
+ * runs stays (flows counts them); the others wait in Unused, the most
+ * recently used first, and past DWARF_GRAPHS_KEPT of them the least
+ * recently used is freed: a worker that ran 65,000 roles' graphs once kept
+ * them all (1 GB), and memory must follow the flows a worker holds, not
+ * how many graphs exist.  A freed one is compiled again if a flow needs it.
+ */
+#define DWARF_GRAPHS_KEPT	256
+
 typedef struct GraphEntry
 {
 	int			id;				/* hash key */
 	Graph	   *graph;
+	int			flows;			/* loaded flows that run it */
+	dlist_node	unused;			/* in Unused while flows is 0 */
 } GraphEntry;
+
+static dlist_head Unused = DLIST_STATIC_INIT(Unused);
+static int	NUnused = 0;
 
 static Oid StepSeq = InvalidOid;	/* dwarf.step_seq */
 static int64 StepIdNext = 0;	/* the block of step ids being handed out */
@@ -384,7 +399,56 @@ FlowStillRuns(int64 flow_id)
 	return SPI_processed == 1;
 }
 
-/* A compiled graph version, from the cache or the table; NULL if there is none. */
+/* Frees unused graph versions, the least recently used first, past the bound. */
+static void
+TrimGraphs(void)
+{
+	while (NUnused > DWARF_GRAPHS_KEPT)
+	{
+		GraphEntry *entry = dlist_container(GraphEntry, unused, dlist_pop_head_node(&Unused));
+
+		NUnused--;
+		MemoryContextDelete(entry->graph->cxt);
+		hash_search(Graphs, &entry->id, HASH_REMOVE, NULL);
+	}
+}
+
+/*
+ * A loaded flow runs this graph version (GraphRelease when it goes): it
+ * stays in the cache until none does.
+ */
+static void
+GraphHold(Graph *graph)
+{
+	GraphEntry *entry = hash_search(Graphs, &graph->id, HASH_FIND, NULL);
+
+	Assert(entry != NULL && entry->graph == graph);
+	if (entry->flows++ == 0)
+	{
+		dlist_delete(&entry->unused);
+		NUnused--;
+	}
+}
+
+/* A loaded flow that ran this graph version went. */
+static void
+GraphRelease(Graph *graph)
+{
+	GraphEntry *entry = hash_search(Graphs, &graph->id, HASH_FIND, NULL);
+
+	Assert(entry != NULL && entry->graph == graph && entry->flows > 0);
+	if (--entry->flows == 0)
+	{
+		dlist_push_tail(&Unused, &entry->unused);	/* the most recent last */
+		NUnused++;
+		TrimGraphs();
+	}
+}
+
+/*
+ * A compiled graph version, from the cache or the table; NULL if there is
+ * none.  Valid until the next call: hold it (GraphHold) to keep it longer.
+ */
 static Graph *
 GetGraph(int graph_id)
 {
@@ -396,8 +460,13 @@ GetGraph(int graph_id)
 
 	entry = hash_search(Graphs, &graph_id, HASH_ENTER, &found);
 	if (found)
+	{
+		if (entry->flows == 0)
+			dlist_move_tail(&Unused, &entry->unused);	/* used now */
 		return entry->graph;
+	}
 	entry->graph = NULL;
+	entry->flows = 0;
 
 	if (SPI_execute_plan(LoadGraphPlan, &arg, NULL, true, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
@@ -421,6 +490,9 @@ GetGraph(int graph_id)
 											 SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2));
 	entry->graph->version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 														 SPI_tuptable->tupdesc, 3, &isnull));
+	dlist_push_tail(&Unused, &entry->unused);
+	NUnused++;
+	TrimGraphs();				/* never this one: it is the most recent */
 	return entry->graph;
 }
 
@@ -448,6 +520,7 @@ DropFlow(FlowRun *flow)
 {
 	int64		id = flow->id;
 
+	GraphRelease(flow->graph);
 	FlowRunFree(flow);
 	hash_search(Worker.flows, &id, HASH_REMOVE, NULL);
 }
@@ -547,7 +620,7 @@ WriteClose(FlowRun *flow)
 	if (flow->parent_id != 0)
 		NoteOnCommit(flow->parent_id, NOTE_RELOAD_FLOW, false);
 	if (flow->offered > 0)		/* external steps no one will answer now */
-		(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
+		OfferWithdrawFlow(MyDatabaseId, flow->id);
 	if (flow->delete_on_completion && flow->status == FLOW_COMPLETED)
 	{
 		args[0] = Int64GetDatum(flow->id);
@@ -723,6 +796,7 @@ AddFlow(const FlowRow *row, bool replay)
 		return flow;
 	FlowsPeak = Max(FlowsPeak, hash_get_num_entries(Worker.flows));
 	FlowRunCreate(flow, graph, GraphStartNode(graph, row->start_task), row->input, Worker.context);
+	GraphHold(graph);
 	flow->owner = row->owner;
 	flow->priority = row->priority;
 	old = MemoryContextSwitchTo(flow->cxt);

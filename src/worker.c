@@ -59,6 +59,7 @@
 #include "utils/timestamp.h"
 
 #include "dwarf.h"
+#include "lograte.h"
 #include "shmem.h"
 #include "flowrun.h"
 #include "flows.h"
@@ -240,9 +241,11 @@ BatchPart(void)
 /*
  * Takes the next part of a shared batch's steps, of its owner's, when all
  * it has are run and it has room (see DWARF_BATCH_PARTS).  A step that
- * would be lent to a runner goes back to the queue, and the batch takes no
- * more: lending takes a transaction of its own (LendSlowSteps), done
- * before the next batch.
+ * would be lent to a runner stays in the batch without running (later), to
+ * be queued again after the commit, and the batch takes no more: lending
+ * takes a transaction of its own (LendSlowSteps), done before the next
+ * batch.  (Queued again now, its flow could offer a sibling external step
+ * that this batch placed, before the commit that leads to it.)
  */
 static void
 RefillBatch(Batch *b)
@@ -266,11 +269,8 @@ RefillBatch(Batch *b)
 
 		if (token && RunnerWants(flow, token))
 		{
-			token->running = false;
-			EnqueueRunnable(flow);
-			pfree(entry);
+			entry->later = true;
 			b->full = true;
-			continue;
 		}
 		b->entries = lappend(b->entries, entry);
 	}
@@ -341,7 +341,7 @@ RunEntry(Batch *b, ReadyEntry *entry, int index)
 
 	if (token == NULL || flow->status != FLOW_RUNNING)
 		return;					/* its flow closed or broke earlier in the batch */
-	if (ChangedSince(&b->seen, flow->id, flow->root_id) || FlowIsLent(flow->id) ||
+	if (entry->later || ChangedSince(&b->seen, flow->id, flow->root_id) || FlowIsLent(flow->id) ||
 		(b->ran > 0 && GetCurrentTimestamp() > b->deadline))
 	{
 		token->running = false; /* queued again after the commit */
@@ -454,9 +454,14 @@ ReloadBatch(Batch *b)
 static void
 BatchRolledBack(Batch *b, ErrorData *edata)
 {
-	ereport(LOG,
-			(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s",
-					list_length(b->entries), edata->message)));
+	static LogRate rolled_back;
+	int64		n;
+	int			seconds;
+
+	if ((n = LogRateDue(&rolled_back, GetCurrentTimestamp(), &seconds)) > 0)
+		ereport(LOG,
+				(errmsg("dwarf: batch of %d steps rolled back, running it step by step: %s%s",
+						list_length(b->entries), edata->message, LogRateCount(n, seconds))));
 	ReloadBatch(b);
 	IsolateNext = true;
 }
@@ -885,7 +890,9 @@ static List *
 LendSlowSteps(List *batch)
 {
 	MemoryContext cxt = CurrentMemoryContext;
+	MemoryContext old;
 	bool		xact = false;
+	List	   *waiting = NIL;
 	ListCell   *lc;
 
 	foreach(lc, batch)
@@ -906,7 +913,9 @@ LendSlowSteps(List *batch)
 			batch = foreach_delete_current(batch, lc);
 			pfree(entry);
 			token->running = false;
-			EnqueueRunnable(flow);	/* on the timer heap */
+			old = MemoryContextSwitchTo(cxt);	/* outlives the transaction */
+			waiting = lappend(waiting, flow);	/* on the timer heap, below */
+			MemoryContextSwitchTo(old);
 			continue;
 		}
 		if (RunnerLend(flow, token))
@@ -922,6 +931,10 @@ LendSlowSteps(List *batch)
 		CommitTransactionCommand();
 		MemoryContextSwitchTo(cxt);
 	}
+	/* queued outside the transaction: no step is offered inside one */
+	foreach(lc, waiting)
+		EnqueueRunnable(lfirst(lc));
+	list_free(waiting);
 	return batch;
 }
 
@@ -1044,7 +1057,7 @@ DropReturnedFlows(MemoryContext cxt, int64 **woken, int *nwoken)
 		if (flow)
 		{
 			if (FlowHoldsOffers(flow))
-				(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
+				OfferWithdrawFlow(MyDatabaseId, flow->id);
 			DropFlow(flow);
 		}
 		(*woken)[(*nwoken)++] = id;
@@ -1196,7 +1209,7 @@ DrainNotes(List **requests)
 				case NOTE_CANCEL_FLOW:
 					flow = hash_search(Worker.flows, &notes[i].flow_id, HASH_FIND, NULL);
 					if (flow && notes[i].kind == NOTE_CANCEL_FLOW && FlowHoldsOffers(flow))
-						(void) OfferWithdrawFlow(MyDatabaseId, flow->id);
+						OfferWithdrawFlow(MyDatabaseId, flow->id);
 					if (flow)
 						DropFlow(flow);
 					NoteLoad(notes[i].flow_id, true);
@@ -1271,6 +1284,54 @@ TakeAnsweredSteps(void)
 static TimestampTz NextSweep = 0;
 
 /*
+ * Looks up the flows whose offered steps the sweep found long out of
+ * memory (OffersSweep's absent), in one statement: the offers of one that
+ * closed or was cancelled (or left the live table) are withdrawn; one
+ * still open is loaded, so that it takes its answers.  A lease is never
+ * given up only because its flow waits to be loaded (after a restart,
+ * behind many others): its outside worker's complete must go through.
+ */
+static void
+CheckAbsentFlows(List *absent)
+{
+	MemoryContext outer = CurrentMemoryContext;
+	Oid			types[1] = {INT8ARRAYOID};
+	Datum	   *ids = palloc(sizeof(Datum) * list_length(absent));
+	Datum		arg;
+	int			n = 0;
+	uint64		i;
+	ListCell   *lc;
+
+	foreach(lc, absent)
+		ids[n++] = Int64GetDatum(*(int64 *) lfirst(lc));
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	Connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "dwarf: looking up flows of offered steps");
+	arg = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	Exec("SELECT DISTINCT u.id, EXISTS (SELECT 1 FROM dwarf.flow f WHERE f.id = u.id"
+		 " AND f.status IN ('running', 'interrupted')) FROM unnest($1) u(id)",
+		 1, types, &arg, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													 SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull)))
+			NoteLoad(id, true);
+		else
+			OfferWithdrawFlow(MyDatabaseId, id);	/* at the commit below */
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(outer);
+	pgstat_report_activity(STATE_IDLE, NULL);
+}
+
+/*
  * Sweeps this worker's offers of external steps (offers.c) once a second,
  * and when a lease is due to run out: a step whose lease ran out gets the
  * failed attempt as its answer, recorded by the next batch (step.c), after
@@ -1283,11 +1344,15 @@ SweepOffers(void)
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next_due;
 	List	   *expired;
+	List	   *absent;
 	ListCell   *lc;
 
 	if (now < NextSweep)
 		return TimestampDifferenceMilliseconds(now, NextSweep) + 1;
-	expired = OffersSweep(Worker.slot->index, now, FlowHeld, &next_due);
+	expired = OffersSweep(Worker.slot->index, now, FlowHeld, &next_due, &absent);
+	if (absent != NIL)
+		CheckAbsentFlows(absent);
+	list_free_deep(absent);
 	foreach(lc, expired)
 	{
 		ExpiredLease *e = lfirst(lc);
@@ -1538,6 +1603,8 @@ DwarfWorkerMain(Datum arg)
 			continue;
 		if (QueueHasReady())
 			next_timer = next_timer < 0 ? 100 : Min(next_timer, 100);	/* held back */
+		if (runner_timer < 0)
+			runner_timer = RunnerWaitMs();	/* a step the batch lent may wait */
 		if (runner_timer >= 0)	/* steps wait for a runner */
 			next_timer = next_timer < 0 ? runner_timer : Min(next_timer, runner_timer);
 		if (OffersPending())	/* leases to sweep */

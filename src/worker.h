@@ -45,6 +45,8 @@ typedef struct ReadyEntry
 	int			contended;		/* lock conflicts it met so far (worker.c) */
 	bool		kept;			/* a slow step no runner could take: the worker
 								 * runs it, and does not preempt it (lend.c) */
+	bool		later;			/* not run in its batch: queued again after the
+								 * commit, to be lent (RefillBatch) */
 } ReadyEntry;
 
 /*
@@ -154,6 +156,7 @@ extern bool LendingOn(void);
 extern bool RunnerWants(FlowRun *flow, Token *token);
 extern bool RunnerLend(FlowRun *flow, Token *token);
 extern long RunnerPoll(void);
+extern long RunnerWaitMs(void);
 extern void RunnerAdopt(void);
 extern bool FlowIsLent(int64 flow_id);
 extern void NoteTaskTime(GraphNode *node, int64 us);

@@ -35,24 +35,11 @@ use DwarfTest;
 my $t0 = time;
 
 # The test's HTTP server, on 127.0.0.1 and a free port.
-my $portfile = PostgreSQL::Test::Utils::tempdir() . '/port';
-my $server = IPC::Run::start([ 'python3', "$FindBin::Bin/../test/http_server.py", $portfile ]);
-my $waited = 0;
-while (!-s $portfile && $waited++ < 300)
-{
-	select(undef, undef, undef, 0.1);
-}
-my $port = slurp_file($portfile);
-my $base = "http://127.0.0.1:$port";
-my $web  = HTTP::Tiny->new(timeout => 30);
+my ($base, $server) = start_http_server();
+my ($port) = $base =~ /:(\d+)$/;
 
 # The HTTP server's counts (see test/http_server.py).
-sub stats
-{
-	my $r = $web->get("$base/stats");
-	die "stats: $r->{status}" unless $r->{success};
-	return decode_json($r->{content});
-}
+sub stats { return http_stats($base) }
 
 my $node = new_node('http_tasks',
 	'dwarf.min_retry_delay' => 0,
@@ -226,7 +213,7 @@ like($err, qr/"dwarf.http" cannot name the queue/, "an external task may not nam
 # ------------------------------------------------------------------ 5. a crash with calls in flight
 define('alice', 'long', qq{{"http": "POST $base/delay/3000", "timeout": "60 s"}});
 my @ids = map { new_flow('alice', 'long', qq{{"n": $_}}) } 1 .. 5;
-for ($waited = 0; (stats()->{by_path}{'/delay/3000'} // 0) < 5 && $waited < 600; $waited++)
+for (my $waited = 0; (stats()->{by_path}{'/delay/3000'} // 0) < 5 && $waited < 600; $waited++)
 {
 	select(undef, undef, undef, 0.1);
 }

@@ -282,6 +282,7 @@ sub run_checks
 		"SELECT count(*) FROM dwarf.step_log WHERE flow_id BETWEEN $lo AND $hi");
 	note "$mode (d): the 5000 steps are $packs rows of dwarf.step_log";
 	cmp_ok($packs, '<=', 2500, "$mode (d): the steps are packed, two or more to a row on average");
+	# (a MULTI_INSERT's description says "N tuples" on 15, "ntuples: N," since 16)
 	my ($inserts, $multi, $multi_rows) = split /\|/, $node->safe_psql('postgres', qq{
 		WITH r AS (
 			SELECT resource_manager AS rm, split_part(record_type, '+', 1) AS rt, description,
@@ -289,7 +290,7 @@ sub run_checks
 			  FROM pg_get_wal_records_info('$l0', '$l1'))
 		SELECT count(*) FILTER (WHERE rm = 'Heap' AND rt = 'INSERT'),
 		       count(*) FILTER (WHERE rm = 'Heap2' AND rt = 'MULTI_INSERT'),
-		       coalesce(sum((regexp_match(description, '(\\d+) tuples'))[1]::int)
+		       coalesce(sum((regexp_match(description, '(?:ntuples: )?(\\d+)(?: tuples|,)'))[1]::int)
 		                FILTER (WHERE rm = 'Heap2' AND rt = 'MULTI_INSERT'), 0)
 		  FROM r
 		 WHERE fn IN (SELECT pg_relation_filenode(relid) FROM pg_partition_tree('dwarf.step_log') WHERE isleaf)});

@@ -27,23 +27,13 @@ use DwarfTest;
 
 my $t0 = time;
 
-my $portfile = PostgreSQL::Test::Utils::tempdir() . '/port';
-my $server = IPC::Run::start([ 'python3', "$FindBin::Bin/../test/http_server.py", $portfile ]);
-my $waited = 0;
-while (!-s $portfile && $waited++ < 300)
-{
-	select(undef, undef, undef, 0.1);
-}
-my $port = slurp_file($portfile);
-my $base = "http://127.0.0.1:$port";
+# The test's HTTP server, on 127.0.0.1 and a free port.
+my ($base, $server) = start_http_server();
+my ($port) = $base =~ /:(\d+)$/;
 my $web  = HTTP::Tiny->new(timeout => 30, proxy => undef, http_proxy => undef);
 
-sub stats
-{
-	my $r = $web->get("$base/stats");
-	die "stats: $r->{status}" unless $r->{success};
-	return decode_json($r->{content});
-}
+# The HTTP server's counts (see test/http_server.py).
+sub stats { return http_stats($base) }
 
 # A prefix that is a string prefix of $base, but names another port.
 my $short_port = substr($port, 0, length($port) - 1);

@@ -11,10 +11,11 @@
 #  2. a call that times out is retried with the same Idempotency-Key, and
 #     the service sees each attempt's connection closed before the next
 #     attempt's request: never two of one step's attempts open at once;
-#  3. a call that waits in curl's queue for a connection (one connection
-#     per host, held by another call) is ended as timed out by the HTTP
-#     process, before its lease runs out, without a request; the flow
-#     holding the connection, once cancelled, closes it.
+#  3. a call that waits for a connection (one connection per host, held
+#     by another call) waits in the HTTP process, its timeout not running:
+#     it has made no request and not failed past its timeout; the flow
+#     holding the connection, once cancelled, closes it, and the waiting
+#     call is made then (t/201 has a wait past the lease).
 use strict;
 use warnings;
 
@@ -31,23 +32,13 @@ use DwarfTest;
 
 my $t0 = time;
 
-my $portfile = PostgreSQL::Test::Utils::tempdir() . '/port';
-my $server = IPC::Run::start([ 'python3', "$FindBin::Bin/../test/http_server.py", $portfile ]);
-my $waited = 0;
-while (!-s $portfile && $waited++ < 300)
-{
-	select(undef, undef, undef, 0.1);
-}
-my $port = slurp_file($portfile);
-my $base = "http://127.0.0.1:$port";
+# The test's HTTP server, on 127.0.0.1 and a free port.
+my ($base, $server) = start_http_server();
+my ($port) = $base =~ /:(\d+)$/;
 my $web  = HTTP::Tiny->new(timeout => 30, proxy => undef, http_proxy => undef);
 
-sub stats
-{
-	my $r = $web->get("$base/stats");
-	die "stats: $r->{status}" unless $r->{success};
-	return decode_json($r->{content});
-}
+# The HTTP server's counts (see test/http_server.py).
+sub stats { return http_stats($base) }
 
 # Polls the server's stats until $cond->($stats) holds (up to $secs); the
 # stats then, and the seconds it took.
@@ -125,14 +116,14 @@ is_deeply($s->{keys}{'/hang/60000'}, [ ("$id-0-0-call") x 3 ],
 is($s->{closed}, 3, 'the service saw each attempt\'s connection closed');
 is($s->{overlaps}, 0, 'no attempt reached the service while an earlier one\'s connection was open');
 
-# ------------------------------------------------------------------ 3. waiting in curl's queue
+# ------------------------------------------------------------------ 3. waiting for a connection
 $web->get("$base/reset");
 $node->safe_psql('postgres', q{ALTER SYSTEM SET dwarf.http_max_host_connections = 1; SELECT pg_reload_conf()});
 $node->safe_psql('postgres', qq{SELECT dwarf.define('hold', '{
 	"tasks": {"call": {"http": "POST $base/hang/120000", "timeout": "100 s"}},
 	"transitions": [{"chain": ["call", "END"]}]}')});
 $node->safe_psql('postgres', qq{SELECT dwarf.define('queued', '{
-	"tasks": {"call": {"http": "POST $base/hang/1000", "timeout": "1 s"}, "handle": "app.handle"},
+	"tasks": {"call": {"http": "POST $base/ok/queued", "timeout": "1 s"}, "handle": "app.handle"},
 	"transitions": [{"chain": ["call", "END"]},
 		{"from": "call", "to": "handle", "on_error": true}, {"from": "handle", "to": "END"}]}')});
 sleep 1;	# the reload reaches the HTTP process
@@ -141,15 +132,21 @@ my $hold = $node->safe_psql('postgres', q{SELECT dwarf.create('hold', '{}')});
 is($s->{by_path}{'/hang/120000'}, 1, 'one call holds the only connection to the service');
 my $queued_at = time;
 $id = $node->safe_psql('postgres', q{SELECT dwarf.create('queued', '{}')});
-like(outcome($id), qr/"handled": "POST \Q$base\E\/hang\/1000 timed out after 1000 ms"/,
-	'a call that waited in curl\'s queue past its timeout fails as timed out');
-note(sprintf('it failed %.1f s after its flow was created (lease: 11 s)', time - $queued_at));
-is(stats()->{by_path}{'/hang/1000'}, undef, '... without a request');
+ok($node->poll_query_until('postgres',
+	"SELECT state FROM dwarf.external_steps('dwarf.http') WHERE flow_id = $id", 'leased'),
+	'the call that waits for the connection is claimed');
+sleep 3;
+is($node->safe_psql('postgres', qq{SELECT status FROM dwarf.snapshot($id)}), 'running',
+	'3 s later, past its timeout (1 s), it waits on: its wait for a connection does not count');
+is(stats()->{by_path}{'/ok/queued'}, undef, '... and it made no request');
 $node->safe_psql('postgres', qq{SELECT dwarf.cancel($hold, 'done')});
 ($s, $took) = wait_stats(sub { $_[0]{closed} >= 1 }, 60);
 is($s->{closed}, 1, 'the cancelled flow\'s connection is closed');
 cmp_ok($took, '<', 5, '... promptly');
 note(sprintf('closed %.3f s after the cancel (polled)', $took));
+like(outcome($id), qr/^completed\|/, 'then the waiting call is made, and completes');
+note(sprintf('it completed %.1f s after its flow was created', time - $queued_at));
+is(stats()->{by_path}{'/ok/queued'}, 1, '... with one request');
 
 $server->kill_kill;
 stop_node($node, $t0);

@@ -38,12 +38,17 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
+use FindBin;
+use HTTP::Tiny;
+use IPC::Run;
+use JSON::PP;
 
 our @EXPORT = qw(
   @TRAIL $NTASKS $TRAIL_JSON
   new_node start_after_immediate_stop tasks_sql graph_sql create_tasks create_graph
   wait_for_workers check_warm_up_flow wait_flows_closed
-  check_flows_exactly_once check_new_flow check_no_crash stop_node);
+  check_flows_exactly_once check_new_flow check_no_crash stop_node
+  start_http_server http_stats);
 
 # The tasks of graph "g" in the order they run (the order of a completed
 # flow's "trail"), how many there are, and the trail as a JSON array.
@@ -314,6 +319,33 @@ sub stop_node
 	my ($node, $t0) = @_;
 	note sprintf('%s took %.1f s', basename($0, '.pl'), time - $t0);
 	$node->stop(Test::More->builder->is_passing ? 'fast' : 'immediate');
+}
+
+
+# start_http_server([NAME]): the project's test HTTP server
+# (test/http_server.py) on 127.0.0.1 and a free port; returns its base URL
+# ("http://127.0.0.1:PORT") and its IPC::Run handle (kill_kill it at the end).
+sub start_http_server
+{
+	my ($name) = @_;
+	my $portfile = PostgreSQL::Test::Utils::tempdir() . '/' . ($name // 'http') . '.port';
+	my $h = IPC::Run::start([ 'python3', "$FindBin::Bin/../test/http_server.py", $portfile ]);
+	my $waited = 0;
+	select(undef, undef, undef, 0.1) while !-s $portfile && $waited++ < 300;
+	die "the test HTTP server did not start" unless -s $portfile;
+	return ('http://127.0.0.1:' . slurp_file($portfile), $h);
+}
+
+# http_stats(BASE): the counts of the test HTTP server at BASE (its /stats,
+# see test/http_server.py), asked without any proxy the environment names.
+my $stats_client = HTTP::Tiny->new(timeout => 30, proxy => undef, http_proxy => undef);
+
+sub http_stats
+{
+	my ($base) = @_;
+	my $r = $stats_client->get("$base/stats");
+	die "stats: $r->{status}" unless $r->{success};
+	return decode_json($r->{content});
 }
 
 1;
