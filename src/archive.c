@@ -221,6 +221,7 @@ AddRow(Archiving *a, HeapTupleHeader row)
 {
 	HeapTupleData tuple;
 	ResultRelInfo *rri;
+	TupleConversionMap *map;
 	TupleTableSlot *to = a->slot;
 	ErrorContextCallback context;
 	MemoryContext old;
@@ -249,9 +250,9 @@ AddRow(Archiving *a, HeapTupleHeader row)
 	old = MemoryContextSwitchTo(a->context);
 	rri = ExecFindPartition(a->mtstate, a->root, a->proute, a->slot, a->estate);
 	MemoryContextSwitchTo(old);
-	if (ExecGetRootToChildMap(rri, a->estate))
-		to = execute_attr_map_slot(ExecGetRootToChildMap(rri, a->estate)->attrMap, a->slot,
-								   rri->ri_PartitionTupleSlot);
+	map = ExecGetRootToChildMap(rri, a->estate);
+	if (map)
+		to = execute_attr_map_slot(map->attrMap, a->slot, rri->ri_PartitionTupleSlot);
 	if (rri->ri_RelationDesc->rd_att->constr)
 		ExecConstraints(rri, to, a->estate);
 	error_context_stack = context.previous;
